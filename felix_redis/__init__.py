@@ -1,0 +1,1 @@
+"""felix-redis: Felix-style work queues on Redis."""
