@@ -1,0 +1,6 @@
+"""``python -m bench``."""
+
+from bench.run import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

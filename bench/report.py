@@ -1,0 +1,171 @@
+"""Turn outcomes into rows: best of N, ratio to the floor, a table, JSON and a chart."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.core import percentile
+from bench.driver import Outcome
+from bench.systems import FLOOR
+
+Row = dict[str, Any]
+
+
+def summarize(outcomes: list[Outcome]) -> list[Row]:
+    """One JSON-ready row per (system, scenario), with the best round and its ratio."""
+    rows = [_row(o) for o in outcomes]
+    floors = {r["scenario"]: r for r in rows if r["system"] == FLOOR and r["status"] == "ok"}
+    for row in rows:
+        floor = floors.get(row["floor"])
+        row["ratio"] = None
+        if row["status"] != "ok" or floor is None:
+            continue
+        if row["kind"] == "latency":
+            row["ratio"] = round(row["p50_ms"] / floor["p50_ms"], 3) if floor["p50_ms"] else None
+        else:
+            row["ratio"] = round(row["rate"] / floor["rate"], 3) if floor["rate"] else None
+    return rows
+
+
+def _row(o: Outcome) -> Row:
+    row: Row = {
+        "system": o.system,
+        "scenario": o.scenario,
+        "group": o.group,
+        "kind": o.kind,
+        "floor": o.floor,
+        "status": o.status if o.samples or o.status != "ok" else "failed",
+        "reason": o.reason or ("" if o.samples or o.status != "ok" else "no sample"),
+        "rounds": len(o.samples),
+    }
+    if not o.samples:
+        return row
+    if o.kind == "latency":
+        runs = [
+            {
+                "samples": s.jobs,
+                "p50_ms": round(percentile(s.latencies_ms, 0.5), 3),
+                "p99_ms": round(percentile(s.latencies_ms, 0.99), 3),
+            }
+            for s in o.samples
+        ]
+        best = min(runs, key=lambda r: r["p50_ms"])
+        row.update(best)
+    else:
+        runs = [
+            {"jobs": s.jobs, "seconds": round(s.seconds, 4), "rate": round(s.rate, 1), **s.info}
+            for s in o.samples
+        ]
+        best = max(runs, key=lambda r: r["rate"])
+        row.update(jobs=best["jobs"], seconds=best["seconds"], rate=best["rate"])
+    row["runs"] = runs
+    return row
+
+
+def _cells(r: Row) -> tuple[str, str, str]:
+    """Value, ratio and note of one row, as printed."""
+    ratio = "" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
+    if r["status"] != "ok":
+        return "-", ratio, f"{r['status']}: {r['reason']}"
+    if r["kind"] == "latency":
+        return (
+            f"p50 {r['p50_ms']:.2f} ms",
+            ratio,
+            f"p99 {r['p99_ms']:.2f} ms, {r['samples']} samples",
+        )
+    note = f"best of {r['rounds']}" + (f"; {r['reason']}" if r["reason"] else "")
+    return f"{r['rate']:,.0f}", ratio, note
+
+
+def table(rows: list[Row]) -> str:
+    """A fixed-width text table: system, scenario, rate/s (or latency), ratio to floor."""
+    lines = [("system", "scenario", "rate/s", "ratio", "note")]
+    lines += [(r["system"], r["scenario"] or "-", *_cells(r)) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    out = []
+    for i, line in enumerate(lines):
+        cells = [line[0].ljust(widths[0]), line[1].ljust(widths[1])]
+        cells += [line[2].rjust(widths[2]), line[3].rjust(widths[3]), line[4][:120]]
+        out.append("  ".join(cells).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths) + "  ----")
+    return "\n".join(out)
+
+
+def markdown(rows: list[Row]) -> str:
+    """The same table as Markdown, for docs/benchmarks.md."""
+    out = ["| system | scenario | rate/s | ratio to floor | note |", "|---|---|---:|---:|---|"]
+    for r in rows:
+        value, ratio, note = _cells(r)
+        note = note.replace("|", "/")
+        out.append(f"| {r['system']} | {r['scenario'] or '-'} | {value} | {ratio} | {note} |")
+    return "\n".join(out)
+
+
+def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")
+
+
+PANELS = (
+    ("enqueue", "enqueue (jobs/s)"),
+    ("drain-1p", "drain, 1 worker process (jobs/s)"),
+    ("drain-2p", "drain, 2 worker processes (jobs/s)"),
+    ("latency", "publish-to-handler latency p50 / p99 (ms)"),
+)
+
+
+def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
+    """Draw the PNG chart; False (with a note on stderr) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib not installed, no chart drawn", file=sys.stderr)
+        return False
+    ok = [r for r in rows if r["status"] == "ok"]
+    panels = [(g, t, [r for r in ok if r["group"] == g]) for g, t in PANELS]
+    panels = [p for p in panels if p[2]]
+    if not panels:
+        return False
+    height = max(3.0, 0.28 * max(len(p[2]) for p in panels) + 1.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), height), squeeze=False)
+    for ax, (group, title, items) in zip(axes[0], panels, strict=True):
+        labels = [f"{r['system']} {r['scenario']}" for r in items]
+        ys = range(len(items))
+        if group == "latency":
+            ax.barh([y + 0.2 for y in ys], [r["p99_ms"] for r in items], 0.4, label="p99")
+            ax.barh([y - 0.2 for y in ys], [r["p50_ms"] for r in items], 0.4, label="p50")
+            ax.set_xscale("log")
+            ax.legend(loc="lower right", fontsize=7)
+        else:
+            colors = [
+                "#888888"
+                if r["system"] == FLOOR
+                else "#d62728"
+                if r["system"].startswith("felix")
+                else "#1f77b4"
+                for r in items
+            ]
+            ax.barh(list(ys), [r["rate"] for r in items], color=colors)
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(
+        f"felix-redis benchmarks, {meta['date'][:10]}, {meta['machine']['nproc']} cores, "
+        f"Redis {meta['machine']['redis']}, {meta['jobs']:,} no-op jobs, best of {meta['repeat']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

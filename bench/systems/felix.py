@@ -1,0 +1,1 @@
+"""felix-redis placeholder (filled in below)."""
