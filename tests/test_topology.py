@@ -1,0 +1,228 @@
+"""The Sentinel and Cluster launchers, with real redis-server processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+from felix_redis.testing.server import RedisServer, redis_server_binary
+from felix_redis.testing.topology import (
+    CLUSTER_SLOTS,
+    SETTINGS,
+    ClusterTopology,
+    SentinelTopology,
+)
+
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None, reason="redis-server is not installed (apt install redis-server)"
+)
+needs_cli = pytest.mark.skipif(
+    shutil.which("redis-cli") is None, reason="redis-cli is not installed (needed for clusters)"
+)
+
+# A failover must finish well inside this bound with down-after 1 s / node-timeout 1 s.
+FAILOVER_BOUND_S = 20.0
+
+
+def _answers(port: int) -> bool:
+    """True if something on 127.0.0.1:port answers PING (no client retries)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def sentinel_topology() -> Iterator[SentinelTopology]:
+    with SentinelTopology() as topology:
+        yield topology
+
+
+@pytest.fixture
+def cluster_topology() -> Iterator[ClusterTopology]:
+    with ClusterTopology() as topology:
+        yield topology
+
+
+def test_sentinel_topology_shape_and_url(sentinel_topology: SentinelTopology) -> None:
+    t = sentinel_topology
+    assert t.service_name == SETTINGS.service_name == "mymaster"
+    assert len(t.sentinel_addresses) == SETTINGS.sentinels
+    assert len(t.replicas) == SETTINGS.replicas
+    hosts = ",".join(f"127.0.0.1:{p}" for _, p in t.sentinel_addresses)
+    assert t.url == f"redis+sentinel://{hosts}/mymaster/0"
+    assert t.primary_address() == ("127.0.0.1", t.primary.port)
+    for host, port in t.sentinel_addresses:
+        state = redis.Redis(host=host, port=port).sentinel_master("mymaster")
+        assert int(state["quorum"]) == SETTINGS.quorum
+        assert int(state["down-after-milliseconds"]) == SETTINGS.down_after_ms
+        assert int(state["failover-timeout"]) == SETTINGS.failover_timeout_ms
+
+
+def test_sentinel_failover_promotes_the_replica(sentinel_topology: SentinelTopology) -> None:
+    t = sentinel_topology
+    primary = redis.Redis(port=t.primary.port)
+    primary.set("before", "1")
+    t.wait_replicas_synced()
+    replica = redis.Redis(port=t.replicas[0].port)
+    assert replica.get("before") == b"1"
+
+    old_port, replica_port = t.primary.port, t.replicas[0].port
+    t.kill_primary()
+    started = time.monotonic()
+    host, port = t.wait_for_failover(timeout=FAILOVER_BOUND_S)
+    assert time.monotonic() - started < FAILOVER_BOUND_S
+    assert (host, port) == ("127.0.0.1", replica_port)
+    assert port != old_port
+    assert t.primary.port == port
+
+    # redis-py, going through the sentinels, now writes to the promoted server.
+    sentinel = Sentinel(t.sentinel_addresses, socket_timeout=1.0)  # type: ignore[no-untyped-call]
+    new_primary = sentinel.master_for("mymaster", socket_timeout=1.0)  # type: ignore[no-untyped-call]
+    new_primary.set("after", "2")
+    direct = redis.Redis(port=port)
+    assert direct.get("after") == b"2"
+    assert direct.get("before") == b"1"  # the replicated write survived the failover
+    assert direct.info("replication")["role"] == "master"
+
+
+def test_sentinel_topology_stops_every_process() -> None:
+    t = SentinelTopology()
+    t.start()
+    ports = [s.port for s in t.servers] + [p for _, p in t.sentinel_addresses]
+    assert all(_answers(p) for p in ports)
+    t.stop()
+    assert not any(_answers(p) for p in ports)
+
+
+def test_failed_start_leaves_nothing_behind() -> None:
+    with RedisServer() as squatter:
+        # The third "replica" port is taken, so start() must fail and clean up.
+        t = SentinelTopology(replicas=2, base_port=squatter.port - 2)
+        with pytest.raises(OSError, match="in use"):
+            t.start()
+        assert not _answers(squatter.port - 2)
+        assert _answers(squatter.port)
+
+
+@needs_cli
+def test_cluster_forms_with_every_slot_covered(cluster_topology: ClusterTopology) -> None:
+    t = cluster_topology
+    assert t.url == "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in t.ports)
+    primaries = t.primary_ports()
+    assert len(primaries) == SETTINGS.cluster_primaries
+    for port in primaries:
+        assert len(t.replica_ports(port)) == SETTINGS.cluster_replicas_per_primary
+    covered: set[int] = set()
+    for start, end, *_ in redis.Redis(port=t.ports[0]).execute_command("CLUSTER", "SLOTS"):
+        covered.update(range(start, end + 1))
+    assert len(covered) == CLUSTER_SLOTS
+
+
+@needs_cli
+def test_cluster_hash_tags_spread_over_nodes(cluster_topology: ClusterTopology) -> None:
+    t = cluster_topology
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in t.startup_nodes])
+    owners: dict[int, str] = {}
+    for i in range(200):
+        tag = f"{{shard-{i}}}"
+        node = client.get_node_from_key(f"{tag}:log")
+        assert node is not None
+        owners.setdefault(node.port, tag)
+        client.set(f"{tag}:log", i)
+        client.set(f"{tag}:state", i)  # same tag, same slot, same node
+        assert client.get_node_from_key(f"{tag}:state") == node
+        if len(owners) == len(t.primary_ports()):
+            break
+    assert set(owners) == set(t.primary_ports())
+    for port, tag in owners.items():
+        direct = redis.Redis(port=port)
+        assert direct.exists(f"{tag}:log", f"{tag}:state") == 2
+    client.close()
+
+
+@needs_cli
+def test_cluster_primary_crash_promotes_its_replica(cluster_topology: ClusterTopology) -> None:
+    t = cluster_topology
+    victim = t.primary_ports()[0]
+    (replica,) = t.replica_ports(victim)
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in t.startup_nodes])
+    # A key whose slot the victim owns.
+    key = next(
+        k for k in (f"{{k{i}}}" for i in range(1000))
+        if client.get_node_from_key(k).port == victim  # type: ignore[union-attr]
+    )
+    client.set(key, "before")
+    redis.Redis(port=victim).execute_command("WAIT", 1, 5000)
+    client.close()
+
+    started = time.monotonic()
+    new_primary = t.failover(victim, hard=True, timeout=FAILOVER_BOUND_S)
+    assert time.monotonic() - started < FAILOVER_BOUND_S
+    assert new_primary == replica
+    assert not t.alive(victim)
+    assert replica in t.primary_ports()
+
+    live = [ClusterNode("127.0.0.1", p) for p in t.ports if t.alive(p)]
+    client = RedisCluster(startup_nodes=live)
+    assert client.get(key) == b"before"
+    client.set(key, "after")
+    assert redis.Redis(port=replica).get(key) == b"after"
+    client.close()
+
+
+@needs_cli
+def test_cluster_coordinated_failover(cluster_topology: ClusterTopology) -> None:
+    t = cluster_topology
+    primary = t.primary_ports()[1]
+    (replica,) = t.replica_ports(primary)
+    assert t.failover(primary, hard=False, timeout=FAILOVER_BOUND_S) == replica
+    assert t.alive(primary)
+    t.wait_ready()
+    assert t.replica_ports(replica) == [primary]
+
+
+def test_cli_prints_the_url_and_stops_on_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "felix_redis.testing.topology", "sentinel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+            if line.startswith("FELIX_REDIS_URL="):
+                break
+        url = lines[-1].removeprefix("FELIX_REDIS_URL=")
+        assert url.startswith("redis+sentinel://127.0.0.1:") and url.endswith("/mymaster/0")
+        ports = [int(hp.rsplit(":", 1)[1]) for hp in url.split("//")[1].split("/")[0].split(",")]
+        ports += [int(line.rsplit(":", 1)[1].split("/")[0]) for line in lines[:2]]
+        assert all(_answers(p) for p in ports)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not any(_answers(p) for p in ports)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
