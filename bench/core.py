@@ -18,7 +18,8 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
@@ -419,9 +420,16 @@ class RedisSystem(System):
 
 
 class AsyncDriver:
-    """Mixin: one event loop kept for the driver's life, so async clients stay connected."""
+    """Mixin for asyncio peers: ``apublish`` is the hook; the driver keeps one event loop
+    for its life so async clients stay connected between calls."""
 
     _loop: Any = None
+    _hold: Any = None
+    _closing: Any = None
+
+    def session(self) -> AbstractAsyncContextManager[Any] | None:
+        """A client context that must stay entered in one task while the driver lives."""
+        return None
 
     def arun(self, coro: Any) -> Any:
         """Run ``coro`` to completion on the driver's loop."""
@@ -429,9 +437,54 @@ class AsyncDriver:
 
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
+            cm = self.session()
+            if cm is not None:
+                opened = asyncio.Event()
+                self._closing = asyncio.Event()
+
+                async def hold() -> None:
+                    async with cm:
+                        opened.set()
+                        await self._closing.wait()
+
+                self._hold = self._loop.create_task(hold())
+                self._loop.run_until_complete(asyncio.wait_for(opened.wait(), 30))
         return self._loop.run_until_complete(coro)
+
+    async def apublish(self, sent: float) -> None:
+        """Enqueue one job with one awaited call."""
+        raise NotImplementedError
+
+    async def _enqueue(self, n: int, budget: Budget) -> None:
+        for _ in budget.range(n):
+            await self.apublish(time.monotonic())
+
+    def enqueue(self, n: int, budget: Budget) -> None:
+        self.arun(self._enqueue(n, budget))
+
+    def publish(self, sent: float) -> None:
+        self.arun(self.apublish(sent))
 
     def close_loop(self) -> None:
         if self._loop is not None:
+            if self._hold is not None:
+                self._closing.set()
+                self._loop.run_until_complete(self._hold)
             self._loop.close()
             self._loop = None
+
+
+async def serve(
+    ctx: WorkerContext, run: Awaitable[Any], stop: Callable[[], Awaitable[Any]] | None = None
+) -> None:
+    """Run a peer's worker coroutine (after the go gate) until the driver says stop."""
+    import asyncio
+
+    task = asyncio.ensure_future(run)
+    while not ctx.stopping and not task.done():
+        await asyncio.sleep(0.05)
+    if task.done():
+        task.result()
+    if stop is not None:
+        await asyncio.wait_for(stop(), 5)
+    task.cancel()
