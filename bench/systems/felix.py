@@ -1,1 +1,240 @@
-"""felix-redis placeholder (filled in below)."""
+"""felix-redis itself, written against the public contract (shared/CONTRACT.md).
+
+Four registered systems share this module:
+
+- ``felix``: the sync client. Publish one call per job, the idempotent producer, batch
+  publish, and a drain of ``group_poll(max_records=concurrency)`` + ``group_ack_many``.
+- ``felix-async``: the same through ``felix_redis.asyncio``.
+- ``felix-sharded``: a stream of ``SHARDS`` shards drained through ``group_sharded``.
+- ``felix-worker``: the ``felix_redis.Worker`` runtime.
+
+Anything the client does not have yet is reported as unavailable, never as a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import struct
+import time
+from typing import Any, ClassVar
+
+from bench.core import (
+    AsyncDriver,
+    Budget,
+    RedisSystem,
+    Scenario,
+    Unavailable,
+    WorkerContext,
+    job,
+    require,
+)
+
+TENANT, NAMESPACE, STREAM, GROUP = "bench", "bench", "jobs", "workers"
+NAME = (TENANT, NAMESPACE, STREAM)
+PACK = struct.Struct("!d")
+SHARDS = 4
+#: Long-poll of an idle worker; short enough to notice the stop flag promptly.
+WAIT_S = 0.2
+
+
+def _connect(url: str) -> Any:
+    require("felix_redis")
+    import felix_redis
+
+    try:
+        return felix_redis.connect(url)
+    except AttributeError as exc:
+        raise Unavailable(f"felix_redis has no connect(): {exc}") from None
+
+
+def _need(obj: Any, *names: str) -> None:
+    """Raise :class:`Unavailable` unless ``obj`` has every attribute in ``names``."""
+    missing = [n for n in names if not hasattr(obj, n)]
+    if missing:
+        raise Unavailable(f"{type(obj).__name__} has no {', '.join(missing)}")
+
+
+def _sent(item: Any) -> float:
+    """The publish time packed in a record's (or sharded item's) payload."""
+    payload = getattr(item, "payload", None)
+    if payload is None:
+        payload = item.record.payload
+    return float(PACK.unpack(payload)[0])
+
+
+class Felix(RedisSystem):
+    """The sync client with a one-shard stream and ``group_poll`` + ``group_ack_many``."""
+
+    name = "felix"
+    shards: ClassVar[int] = 1
+    uses: ClassVar[tuple[str, ...]] = ("group_poll", "group_ack_many", "publish_batch")
+
+    def setup(self) -> None:
+        super().setup()
+        self.sync = self.client = _connect(self.cfg.redis_url)
+        _need(self.sync, "stream_create", "group_create", "publish", *self.uses)
+
+    def reset(self) -> None:
+        super().reset()
+        self.sync.stream_create(*NAME, shards=self.shards)
+        self.sync.group_create(*NAME, GROUP, start="earliest")
+
+    def close(self) -> None:
+        closer = getattr(self.sync, "close", None)
+        if closer is not None:
+            closer()
+        super().close()
+
+    def publish(self, sent: float) -> None:
+        self.client.publish(*NAME, PACK.pack(sent))
+
+    def enqueue_batch(self, n: int, budget: Budget) -> None:
+        """``publish_batch`` of ``cfg.batch`` payloads per call, spread over the shards."""
+        batch = self.cfg.batch
+        for i in budget.range((n + batch - 1) // batch):
+            payloads = [PACK.pack(time.monotonic()) for _ in range(min(batch, n - i * batch))]
+            self.sync.publish_batch(*NAME, payloads, shard=i % self.shards)
+
+    def enqueue_idempotent(self, n: int, budget: Budget) -> None:
+        """The idempotent producer's ``publish_keyed``, one call per job."""
+        producer = self.sync.idempotent_producer()
+        for i in budget.range(n):
+            producer.publish_keyed(*NAME, f"k{i}", PACK.pack(time.monotonic()))
+
+    def fill(self, n: int, budget: Budget) -> None:
+        self.enqueue_batch(n, budget)
+
+    def scenarios(self) -> list[Scenario]:
+        enqueue, drain1, drain2, latency = super().scenarios()
+        return [
+            enqueue,
+            Scenario(
+                "enqueue-idempotent",
+                "enqueue",
+                lambda: self.measure_enqueue(self.enqueue_idempotent),
+                floor="enqueue",
+            ),
+            Scenario(
+                "enqueue-batch",
+                "enqueue",
+                lambda: self.measure_enqueue(self.enqueue_batch),
+                floor="enqueue-pipelined",
+            ),
+            drain1,
+            drain2,
+            latency,
+        ]
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        client = _connect(self.cfg.redis_url)
+        shard, batch = 0, self.cfg.concurrency
+        ctx.wait_go()
+        while not ctx.stopping:
+            records = client.group_poll(*NAME, shard, GROUP, max_records=batch, wait=WAIT_S)
+            for record in records:
+                job(_sent(record))
+            if records:
+                client.group_ack_many(*NAME, shard, GROUP, [r.offset for r in records])
+
+
+class FelixAsync(AsyncDriver, Felix):
+    """``felix_redis.asyncio``: the same names as coroutines."""
+
+    name = "felix-async"
+
+    def setup(self) -> None:
+        super().setup()
+        require("felix_redis.asyncio")
+        self.client = self.arun(self._aconnect())
+        _need(self.client, "publish", "group_poll", "group_ack_many")
+
+    async def _aconnect(self) -> Any:
+        import felix_redis.asyncio as fa
+
+        client = fa.connect(self.cfg.redis_url)
+        return await client if inspect.isawaitable(client) else client
+
+    async def apublish(self, sent: float) -> None:
+        await self.client.publish(*NAME, PACK.pack(sent))
+
+    def close(self) -> None:
+        closer = getattr(self.client, "close", None)
+        if closer is not None:
+            result = closer()
+            if inspect.isawaitable(result):
+                self.arun(result)
+        self.close_loop()
+        super().close()
+
+    def scenarios(self) -> list[Scenario]:
+        return RedisSystem.scenarios(self)
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        async def main() -> None:
+            client = await self._aconnect()
+            batch = self.cfg.concurrency
+            ctx.wait_go()
+            while not ctx.stopping:
+                records = await client.group_poll(*NAME, 0, GROUP, max_records=batch, wait=WAIT_S)
+                for record in records:
+                    job(_sent(record))
+                if records:
+                    await client.group_ack_many(*NAME, 0, GROUP, [r.offset for r in records])
+
+        asyncio.run(main())
+
+
+class FelixSharded(Felix):
+    """A ``SHARDS``-shard stream drained through ``group_sharded(...).poll`` + ``ack_many``."""
+
+    name = "felix-sharded"
+    shards = SHARDS
+    uses = ("group_sharded", "publish_batch")
+
+    def scenarios(self) -> list[Scenario]:
+        return RedisSystem.scenarios(self)[1:3]
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        client = _connect(self.cfg.redis_url)
+        group = client.group_sharded(*NAME, GROUP)
+        batch = self.cfg.concurrency
+        ctx.wait_go()
+        while not ctx.stopping:
+            items = group.poll(batch)
+            for item in items:
+                job(_sent(item))
+            if items:
+                group.ack_many(items)
+            else:
+                time.sleep(0.001)
+
+
+class FelixWorker(Felix):
+    """The ``felix_redis.Worker`` runtime with ``concurrency`` in flight per process."""
+
+    name = "felix-worker"
+    uses = ("publish_batch",)
+
+    def setup(self) -> None:
+        super().setup()
+        import felix_redis
+
+        _need(felix_redis, "Worker")
+
+    def scenarios(self) -> list[Scenario]:
+        return RedisSystem.scenarios(self)[1:3]
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        import felix_redis
+
+        client = _connect(self.cfg.redis_url)
+
+        def handler(record: Any) -> None:
+            job(_sent(record))
+
+        runtime = felix_redis.Worker(
+            client, *NAME, GROUP, handler, concurrency=self.cfg.concurrency
+        )
+        ctx.wait_go()
+        runtime.run()

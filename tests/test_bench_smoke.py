@@ -1,0 +1,149 @@
+"""The benchmark harness runs end to end in smoke mode, so it never rots.
+
+Tiny numbers, one round, no timing assertions: only that every system is reported
+(measured, or unavailable with a reason), and that measured numbers are positive.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from felix_redis.testing.server import redis_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+FELIX = ["felix", "felix-async", "felix-sharded", "felix-worker"]
+# Peers run only when their package is importable here (the test venv has none).
+PEERS = {
+    "dramatiq": "dramatiq",
+    "taskiq": "taskiq_redis",
+    "bullmq": "bullmq",
+    "saq": "saq",
+    "arq": "arq",
+    "rq": "rq",
+    "celery": "celery",
+    "streaq": "streaq",
+}
+
+pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="no redis-server")
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    systems = ["raw", *FELIX] + [name for name, mod in PEERS.items() if _importable(mod)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--smoke",
+        "--systems",
+        ",".join(systems),
+        "--out",
+        str(out),
+        "--chart",
+        "none",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data: dict[str, object] = json.loads(out.read_text())
+    data["_stdout"] = proc.stdout
+    data["_systems"] = systems
+    return data
+
+
+def test_json_structure(smoke: dict[str, object]) -> None:
+    meta = smoke["meta"]
+    assert isinstance(meta, dict)
+    assert meta["jobs"] == 200 and meta["repeat"] == 1
+    assert {"nproc", "redis", "python", "cpu"} <= set(meta["machine"])
+    assert meta["command"].startswith("python -m bench")
+    rows = smoke["results"]
+    assert isinstance(rows, list)
+    reported = {row["system"] for row in rows}
+    assert reported == set(smoke["_systems"])  # type: ignore[arg-type]
+    for row in rows:
+        assert row["status"] in {"ok", "failed", "unavailable"}
+        assert {"system", "scenario", "kind", "status", "reason"} <= set(row)
+        if row["status"] != "ok":
+            assert row["reason"], row
+
+
+def test_floor_measured(smoke: dict[str, object]) -> None:
+    rows = [r for r in smoke["results"] if r["system"] == "raw"]  # type: ignore[union-attr]
+    by_name = {r["scenario"]: r for r in rows}
+    assert set(by_name) == {"enqueue", "enqueue-pipelined", "drain-1p", "drain-2p", "latency"}
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["ratio"] == 1.0
+        if row["kind"] == "latency":
+            assert row["p50_ms"] > 0 and row["p99_ms"] >= row["p50_ms"]
+            assert row["samples"] > 0
+        else:
+            assert row["rate"] > 0 and row["seconds"] > 0 and row["jobs"] == 200
+            assert len(row["runs"]) == 1
+
+
+def test_others_measured_or_explained(smoke: dict[str, object]) -> None:
+    for row in smoke["results"]:  # type: ignore[union-attr]
+        if row["system"] == "raw":
+            continue
+        if row["status"] == "ok":
+            assert row["ratio"] is not None and row["ratio"] > 0
+            value = row["p50_ms"] if row["kind"] == "latency" else row["rate"]
+            assert value > 0, row
+        else:
+            # A peer or a felix feature that is missing is reported, not fatal; a crash
+            # or a timeout of an installed system is a broken harness.
+            assert row["status"] == "unavailable", row
+
+
+def test_table_printed(smoke: dict[str, object]) -> None:
+    out = str(smoke["_stdout"])
+    assert out.splitlines()[0].split() == ["system", "scenario", "rate/s", "ratio", "note"]
+    assert "raw" in out and "drain-2p" in out
+
+
+def test_chart_drawn_when_matplotlib_present(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from bench import report
+
+    rows = [
+        {
+            "system": "raw",
+            "scenario": "drain-1p",
+            "group": "drain-1p",
+            "kind": "rate",
+            "status": "ok",
+            "rate": 100.0,
+        },
+        {
+            "system": "raw",
+            "scenario": "latency",
+            "group": "latency",
+            "kind": "latency",
+            "status": "ok",
+            "p50_ms": 0.1,
+            "p99_ms": 0.2,
+        },
+    ]
+    meta = {
+        "date": "2025-01-01T00:00:00",
+        "machine": {"nproc": 2, "redis": "7"},
+        "jobs": 1,
+        "repeat": 1,
+    }
+    png = tmp_path / "c.png"
+    assert report.chart(png, meta, rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
