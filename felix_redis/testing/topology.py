@@ -282,7 +282,9 @@ class SentinelTopology(_Topology):
 
     With ``base_port`` the primary listens on it, replica ``i`` on ``base_port + i``
     and sentinel ``j`` on ``base_port + 20000 + j`` (6379, 6380, 26379.. for 6379);
-    without it every process gets a free port.
+    without it every process gets a free port. With ``hostname`` (e.g. ``localhost``)
+    servers and sentinels use and announce that name instead of 127.0.0.1, the way
+    ``compose.yaml`` does with service names.
     """
 
     def __init__(
@@ -295,12 +297,14 @@ class SentinelTopology(_Topology):
         base_port: int | None = None,
         settings: TopologySettings = SETTINGS,
         quorum: int | None = None,
+        hostname: str | None = None,
     ) -> None:
         super().__init__()
         if replicas < 0 or sentinels < 1:
             raise ValueError("need replicas >= 0 and sentinels >= 1")
         self.settings = settings
         self.quorum = min(quorum or settings.quorum, sentinels)
+        self.hostname = hostname
         self.persistence = persistence
         self.extra = list(extra)
         if base_port is None:
@@ -324,7 +328,9 @@ class SentinelTopology(_Topology):
         if self.persistence:
             extra += ["--appendonly", "yes", "--appendfsync", "everysec"]
         if primary_port is not None:
-            extra += ["--replicaof", "127.0.0.1", str(primary_port)]
+            extra += ["--replicaof", self.hostname or "127.0.0.1", str(primary_port)]
+        if self.hostname is not None:
+            extra += ["--replica-announce-ip", self.hostname]
         return RedisServer(
             port=port, persistence=self.persistence, extra=extra + self.extra
         )
@@ -362,14 +368,25 @@ class SentinelTopology(_Topology):
         for replica in self.replicas:
             self._launch(replica)
         self.wait_replicas_synced()
-        directives = sentinel_config_lines(
-            self.settings, "127.0.0.1", self.primary.port, quorum=self.quorum
-        )
+        directives = self.sentinel_directives()
+        if self.hostname is not None:
+            # What compose's entrypoint adds: peers and clients reach it by this name.
+            directives.append(f"sentinel announce-ip {self.hostname}")
         for port in self._sentinel_ports:
             sentinel = SentinelServer(port=port, directives=directives)
             self.sentinels.append(sentinel)
             self._launch(sentinel)
         self.wait_sentinels_ready()
+
+    def sentinel_directives(self) -> list[str]:
+        """The ``sentinel ...`` lines each sentinel starts with."""
+        return sentinel_config_lines(
+            self.settings,
+            self.hostname or "127.0.0.1",
+            self.primary.port,
+            quorum=self.quorum,
+            announce_hostnames=self.hostname is not None,
+        )
 
     def stop(self) -> None:
         try:

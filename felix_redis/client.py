@@ -1,0 +1,540 @@
+"""The synchronous client. All logic lives in :mod:`felix_redis.protocol`; this module
+executes its plans on a redis-py connection."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from felix_redis import scripts
+from felix_redis.connection import resolve_url, sync_client
+from felix_redis.errors import (
+    ConnectionFailed,
+    FelixError,
+    InvalidArgument,
+    NotReplicated,
+    from_response,
+    redact_url,
+)
+from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
+from felix_redis.protocol import BlockAny, Cmd, Core, Eval, Op, Plan, ProducerState, as_bytes
+
+__all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "connect"]
+
+T = TypeVar("T")
+
+
+def translate(exc: Exception, op: Op, server: str) -> Exception:
+    """A FelixError for a redis-py exception raised while running ``op``."""
+    context = getattr(op, "context", "")
+    if isinstance(exc, ResponseError):
+        mapped = from_response(str(exc))
+        if mapped is None:
+            return FelixError(f"{context}: Redis error: {exc}")
+        return type(mapped)(f"{context}: {mapped}" if context else str(mapped))
+    return ConnectionFailed(f"cannot reach Redis at {server}: {exc}")
+
+
+def not_replicated(op: Eval, acked: int, timeout_ms: int) -> NotReplicated:
+    return NotReplicated(
+        f"{op.context}: the write was applied on the primary but only {acked} of "
+        f"{op.replicas} required replica(s) confirmed it within {timeout_ms} ms; "
+        "it may not survive a failover"
+    )
+
+
+def check_raw_client(raw: Any) -> None:
+    pool = getattr(raw, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
+    if kwargs.get("decode_responses") or (getattr(raw, "get_encoder", None) and getattr(
+        raw.get_encoder(), "decode_responses", False
+    )):
+        raise InvalidArgument(
+            "felix-redis needs a Redis client with decode_responses=False (payloads are bytes)"
+        )
+
+
+class Client:
+    """Streams, groups and records on one Redis deployment.
+
+    ``Client(redis_client)`` wraps an existing redis-py client (``Redis``, a client from
+    ``Sentinel.master_for``, or ``RedisCluster``); :func:`connect` builds one from a URL.
+    """
+
+    def __init__(
+        self,
+        redis_client: Any,
+        *,
+        prefix: str = "felix",
+        idempotent_publish: bool = True,
+        url: str | None = None,
+    ) -> None:
+        check_raw_client(redis_client)
+        self.redis = redis_client
+        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish)
+        self.url = redact_url(url) if url else _describe(redis_client)
+        self._scripts = {
+            name: redis_client.register_script(src.source)
+            for name, src in scripts.load_all().items()
+        }
+        self._local = threading.local()
+
+    # -- driver
+
+    def _drive(self, plan: Plan[T]) -> T:
+        try:
+            op = next(plan)
+            while True:
+                try:
+                    result = self._execute(op)
+                except FelixError as exc:
+                    op = plan.throw(exc)
+                else:
+                    op = plan.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def _execute(self, op: Op) -> Any:
+        try:
+            if type(op) is Eval:
+                script = self._scripts[op.script]
+                if op.replicas:
+                    return self._eval_and_wait(script, op)
+                return script(keys=op.keys, args=op.args)
+            if type(op) is Cmd:
+                return self.redis.execute_command(*op.args)
+            if type(op) is BlockAny:
+                return self._block(op)
+            time.sleep(op.seconds)  # type: ignore[union-attr]
+            return None
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise translate(exc, op, self.url) from None
+
+    def _block(self, op: BlockAny) -> Any:
+        by_slot: dict[int, list[tuple[str, str]]] = {}
+        keyslot = getattr(self.redis, "keyslot", None)
+        for key, last in op.streams:
+            by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
+        calls = [_xread(points, op.block_ms) for points in by_slot.values()]
+        if len(calls) == 1:
+            return self.redis.execute_command(*calls[0])
+        # Redis Cluster: one blocking read per slot, at once; the first answer wins.
+        pool = _block_pool()
+        futures = [pool.submit(self.redis.execute_command, *args) for args in calls]
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+        return next(iter(done)).result()
+
+    def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+        timeout = self.core.wait_timeout_ms
+        pipe = self.redis.pipeline(transaction=False)
+        script(keys=op.keys, args=op.args, client=pipe)
+        pipe.execute_command("WAIT", op.replicas, timeout)
+        result, acked = pipe.execute(raise_on_error=False)
+        if isinstance(result, Exception):
+            raise result
+        if int(acked) < op.replicas:
+            raise not_replicated(op, int(acked), timeout)
+        return result
+
+    def _producer(self) -> ProducerState:
+        state: ProducerState | None = getattr(self._local, "producer", None)
+        if state is None:
+            state = self._local.producer = ProducerState()
+        return state
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- streams
+
+    def stream_create(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        kind: str = "queue",
+        shards: int = 1,
+        replication: int = 1,
+        consistency: str = "leader",
+        retention_max_len: int | None = None,
+        retention_max_age: int | None = None,
+        max_payload: int | None = None,
+    ) -> bool:
+        """Creates a stream; True if created, False if it existed with the same settings."""
+        return self._drive(self.core.stream_create(
+            tenant, namespace, stream, kind, shards, replication, consistency,
+            retention_max_len, retention_max_age, max_payload,
+        ))
+
+    def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
+        return self._drive(self.core.stream_describe(tenant, namespace, stream))
+
+    def stream_list(
+        self, tenant: str | None = None, namespace: str | None = None
+    ) -> list[tuple[str, str, str]]:
+        """``(tenant, namespace, stream)`` of every stream, optionally filtered."""
+        return self._drive(self.core.stream_list(tenant, namespace))
+
+    def stream_delete(self, tenant: str, namespace: str, stream: str) -> None:
+        """Deletes a stream, its records and all its groups."""
+        self._drive(self.core.stream_delete(tenant, namespace, stream))
+
+    # -- publishing
+
+    def publish(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        payload: bytes | str,
+        shard: int | None = None,
+        key: str | bytes | None = None,
+    ) -> Published:
+        """Appends one record. Routed by ``shard``, else by ``key``, else round-robin."""
+        return self.publish_batch(tenant, namespace, stream, [payload], shard=shard, key=key)[0]
+
+    def publish_keyed(
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+    ) -> Published:
+        """Appends one record to the shard ``crc32(key) % shards``."""
+        return self.publish_batch(tenant, namespace, stream, [payload], key=key)[0]
+
+    def publish_batch(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        payloads: Sequence[bytes | str],
+        shard: int | None = None,
+        key: str | bytes | None = None,
+    ) -> list[Published]:
+        """Appends many records to one shard atomically (one script call)."""
+        raw = [as_bytes(p) for p in payloads]
+        if not self.core.idempotent_publish:
+            plan = self.core.publish(tenant, namespace, stream, raw, shard, key, None)
+            s, first, count = self._drive(plan)
+        else:
+            state = self._producer()
+            with state.lock:
+                s, first, count = self._drive(
+                    self.core.publish(tenant, namespace, stream, raw, shard, key, state))
+        return [Published(s, first + i) for i in range(count)]
+
+    def idempotent_producer(self) -> IdempotentProducer:
+        """A producer with an id from Redis whose re-sends land once."""
+        state = ProducerState()
+        state.producer_id = int(self._drive(_one(self.core.new_producer_id())))
+        return IdempotentProducer(self, state)
+
+    # -- groups
+
+    def group_create(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        start: str | int = "earliest",
+        visibility_timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        """Creates a group on every shard; ``GroupExists`` if it exists."""
+        self._drive(self.core.group_create(
+            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts))
+
+    def group_configure(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        visibility_timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        self._drive(self.core.group_configure(
+            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts))
+
+    def group_list(self, tenant: str, namespace: str, stream: str) -> list[str]:
+        return self._drive(self.core.group_list(tenant, namespace, stream))
+
+    def group_delete(self, tenant: str, namespace: str, stream: str, group: str) -> None:
+        self._drive(self.core.group_delete(tenant, namespace, stream, group))
+
+    def group_poll(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        shard: int,
+        group: str,
+        max_records: int = 16,
+        wait: float | None = None,
+    ) -> list[Record]:
+        """Up to ``max_records`` records under a lease: due redeliveries first, then new
+        records in offset order. ``wait``: seconds to block when nothing is due."""
+        return self._drive(self.core.group_poll(
+            tenant, namespace, stream, shard, group, max_records, wait))
+
+    def group_poll_as(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        shard: int,
+        group: str,
+        consumer: str,
+        reclaim: bool = True,
+        max_records: int = 16,
+        wait: float | None = None,
+    ) -> list[Record]:
+        """Like group_poll, as a named consumer; ``reclaim`` takes back its own in-flight
+        records at once (attempts + 1) instead of after the visibility timeout."""
+        return self._drive(self.core.group_poll(
+            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim))
+
+    def group_ack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offset: int | Record | str,
+    ) -> bool:
+        """Finishes a record; False if it was finished already (a no-op)."""
+        return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, [offset]))[0]
+
+    def group_ack_many(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | Record | str],
+    ) -> list[bool]:
+        """Finishes many records of one shard in one script call."""
+        return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
+
+    def group_nack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, delay: float = 0.0,
+    ) -> bool:
+        """Hands a record back, redelivered after ``delay`` seconds. True if it became a
+        dead letter instead (its deliveries reached max_attempts)."""
+        return self._drive(self.core.group_nack(tenant, namespace, stream, shard, group, record, delay))
+
+    def group_extend(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, by: float | None = None,
+    ) -> int:
+        """Sets the lease to expire ``by`` seconds from now (default: the visibility
+        timeout); returns the new expiry in ms since the epoch (server time)."""
+        return self._drive(self.core.group_extend(tenant, namespace, stream, shard, group, record, by))
+
+    def group_dead_letter(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, reason: str = "",
+    ) -> None:
+        self._drive(self.core.group_dead_letter(
+            tenant, namespace, stream, shard, group, record, reason))
+
+    def group_dead_letters(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str
+    ) -> list[DeadLetter]:
+        return self._drive(self.core.group_dead_letters(tenant, namespace, stream, shard, group))
+
+    def group_redrive(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | str] | None = None,
+    ) -> int:
+        """Makes dead letters owed again with attempts starting over (None: all)."""
+        return self._drive(self.core.group_redrive(tenant, namespace, stream, shard, group, offsets))
+
+    def group_discard(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | str] | None = None,
+    ) -> int:
+        """Drops dead letters for good (None: all)."""
+        return self._drive(self.core.group_discard(tenant, namespace, stream, shard, group, offsets))
+
+    def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> GroupInfo:
+        return self._drive(self.core.group_describe(tenant, namespace, stream, group))
+
+    def group_sharded(
+        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None
+    ) -> ShardedGroup:
+        return ShardedGroup(self, tenant, namespace, stream, group, consumer)
+
+    # -- reading
+
+    def read(
+        self, tenant: str, namespace: str, stream: str, shard: int, start: int, count: int = 100
+    ) -> list[Record]:
+        """Records of one shard from offset ``start`` on (attempts 0); group-independent."""
+        return self._drive(self.core.read(tenant, namespace, stream, shard, start, count))[0]
+
+
+def _xread(points: list[tuple[str, str]], block_ms: int) -> list[Any]:
+    return ["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS",
+            *[k for k, _ in points], *[i for _, i in points]]
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _block_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="felix-block")
+    return _pool
+
+
+def _one(op: Op) -> Plan[Any]:
+    return (yield op)
+
+
+def _describe(raw: Any) -> str:
+    try:
+        kwargs = raw.connection_pool.connection_kwargs
+        return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+    except AttributeError:
+        return type(raw).__name__
+
+
+class IdempotentProducer:
+    """Publishes with (producer id, per-shard sequence): a re-send of a sequence the
+    shard holds returns the original offsets and appends nothing. Thread-safe; calls are
+    serialised (use one producer per thread for parallel publishing)."""
+
+    def __init__(self, client: Client, state: ProducerState) -> None:
+        self._client = client
+        self._state = state
+
+    @property
+    def id(self) -> int | None:
+        return self._state.producer_id
+
+    def publish_batch(
+        self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> list[Published]:
+        raw = [as_bytes(p) for p in payloads]
+        with self._state.lock:
+            s, first, count = self._client._drive(self._client.core.publish(
+                tenant, namespace, stream, raw, shard, key, self._state))
+        return [Published(s, first + i) for i in range(count)]
+
+    def publish(
+        self, tenant: str, namespace: str, stream: str, payload: bytes | str,
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> Published:
+        return self.publish_batch(tenant, namespace, stream, [payload], shard, key)[0]
+
+    def publish_keyed(
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+    ) -> Published:
+        return self.publish_batch(tenant, namespace, stream, [payload], key=key)[0]
+
+
+class Item:
+    """A record handed out by a ShardedGroup; settles through the group."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+
+    @property
+    def shard(self) -> int:
+        return self.record.shard
+
+    @property
+    def offset(self) -> int:
+        return self.record.offset
+
+    @property
+    def attempts(self) -> int:
+        return self.record.attempts
+
+    @property
+    def payload(self) -> bytes:
+        return self.record.payload
+
+    @property
+    def key(self) -> str | None:
+        return self.record.key
+
+    @property
+    def claim(self) -> str:
+        return self.record.claim
+
+    def __repr__(self) -> str:
+        return f"Item({self.record!r})"
+
+
+class ShardedGroup:
+    """One group across all shards of a stream: fair polling, settles routed by shard."""
+
+    def __init__(
+        self, client: Client, tenant: str, namespace: str, stream: str, group: str,
+        consumer: str | None = None,
+    ) -> None:
+        self._client = client
+        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
+        self.consumer = consumer
+        self._cursor = 0
+        self._reclaimed: set[int] = set()
+
+    def _where(self) -> tuple[str, str, str]:
+        return self.tenant, self.namespace, self.stream
+
+    def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
+        """Up to ``max_records`` items, taken fairly from all shards."""
+        core = self._client.core
+        plan = core.sharded_poll(
+            self.tenant, self.namespace, self.stream, self.group, max_records, wait,
+            self.consumer, self._reclaimed, self._cursor,
+        )
+        records, self._cursor = self._client._drive(plan)
+        return [Item(r) for r in records]
+
+    def ack(self, item: Item | Record) -> bool:
+        r = getattr(item, "record", item)
+        return self._client.group_ack(*self._where(), r.shard, self.group, r)
+
+    def ack_many(self, items: Iterable[Item | Record]) -> int:
+        """Acks items, one script call per shard; returns how many were acked now."""
+        by_shard: dict[int, list[Record]] = {}
+        for item in items:
+            r = getattr(item, "record", item)
+            by_shard.setdefault(r.shard, []).append(r)
+        done = 0
+        for shard, records in by_shard.items():
+            done += sum(self._client.group_ack_many(*self._where(), shard, self.group, records))
+        return done
+
+    def nack(self, item: Item | Record, delay: float = 0.0) -> bool:
+        r = getattr(item, "record", item)
+        return self._client.group_nack(*self._where(), r.shard, self.group, r, delay)
+
+    def nack_after(self, item: Item | Record, seconds: float) -> bool:
+        return self.nack(item, seconds)
+
+    def extend(self, item: Item | Record, by: float | None = None) -> int:
+        r = getattr(item, "record", item)
+        return self._client.group_extend(*self._where(), r.shard, self.group, r, by)
+
+    def dead_letter(self, item: Item | Record, reason: str = "") -> None:
+        r = getattr(item, "record", item)
+        self._client.group_dead_letter(*self._where(), r.shard, self.group, r, reason)
+
+
+def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> Client:
+    """A Client for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0)."""
+    url = resolve_url(url)
+    return Client(sync_client(url), prefix=prefix, url=url, **kwargs)
+

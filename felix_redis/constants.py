@@ -1,0 +1,58 @@
+"""Every default, limit and environment variable of felix-redis, in one place."""
+
+from __future__ import annotations
+
+import os
+
+#: Prefix of every key felix-redis writes (``felix:{acme/prod/jobs/0}:log``).
+DEFAULT_PREFIX = "felix"
+
+#: Used when neither ``url`` nor ``$FELIX_REDIS_URL`` is given.
+DEFAULT_URL = "redis://localhost:6379/0"
+
+ENV_URL = "FELIX_REDIS_URL"
+ENV_VISIBILITY_TIMEOUT_MS = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS"
+ENV_MAX_ATTEMPTS = "FELIX_GROUP_MAX_ATTEMPTS"
+ENV_PRODUCER_IDLE_MS = "FELIX_PRODUCER_IDLE_MS"
+
+DEFAULT_VISIBILITY_TIMEOUT_MS = 30_000
+DEFAULT_MAX_ATTEMPTS = 5
+#: Largest payload a stream accepts unless created with another ``max_payload``.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: How long a shard remembers an idle producer's last sequence (one hour).
+DEFAULT_PRODUCER_IDLE_MS = 3_600_000
+
+MAX_SHARDS = 1024
+MAX_RECORDS_PER_POLL = 10_000
+MAX_BATCH = 10_000
+MAX_VISIBILITY_TIMEOUT_MS = 7 * 24 * 3_600_000
+MAX_ATTEMPTS_LIMIT = 1_000_000
+#: Largest nack delay / lease extension: 7 days.
+MAX_DELAY_MS = 7 * 24 * 3_600_000
+MAX_REASON_BYTES = 4096
+#: Dead letters redriven or discarded per script call when ``offsets=None``.
+REDRIVE_CHUNK = 1000
+
+KINDS = ("queue", "stream")
+CONSISTENCY_LEVELS = ("leader", "quorum", "all")
+STARTS = ("earliest", "latest")
+
+#: Names (tenant, namespace, stream, group, consumer): ASCII letters, digits and ``_.-``,
+#: starting with a letter or digit, at most this long.
+NAME_MAX_LEN = 64
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+#: Record keys (``publish_keyed``): any non-empty UTF-8 string up to this many bytes.
+KEY_MAX_BYTES = 1024
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer from the environment, or ``default`` when unset or empty."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        from felix_redis.errors import InvalidArgument
+
+        raise InvalidArgument(f"${name} must be an integer, got {raw!r}") from None

@@ -1,0 +1,111 @@
+"""Exceptions, and the one table that maps script error codes to them.
+
+Scripts fail with ``redis.error_reply('FELIX_<CODE> <message>')``; :func:`from_response`
+turns that into the matching :class:`FelixError` subclass.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "ConnectionFailed",
+    "FelixError",
+    "GroupExists",
+    "InvalidArgument",
+    "NotFound",
+    "NotReplicated",
+    "PermissionDenied",
+    "SequenceError",
+    "StaleClaim",
+    "StreamExists",
+    "WrongKeyType",
+    "from_response",
+    "redact_url",
+]
+
+
+class FelixError(Exception):
+    """Base class of every error felix-redis raises on purpose."""
+
+
+class NotFound(FelixError):
+    """The stream, group, shard or record does not exist."""
+
+
+class GroupExists(FelixError):
+    """``group_create`` for a group that exists already."""
+
+
+class StreamExists(FelixError):
+    """``stream_create`` for a stream that exists with different settings."""
+
+
+class StaleClaim(FelixError):
+    """The claim is no longer current: its lease lapsed, it was redelivered or finished."""
+
+
+class InvalidArgument(FelixError, ValueError):
+    """Bad input: a name, claim, number or payload that cannot be accepted."""
+
+
+class SequenceError(InvalidArgument):
+    """An idempotent publish whose sequence is older than, or not next to, the last one."""
+
+
+class WrongKeyType(FelixError):
+    """A key felix-redis owns holds another Redis type (something else wrote it)."""
+
+
+class NotReplicated(FelixError):
+    """The write was applied on the primary but too few replicas confirmed it in time,
+    so it may not survive a failover."""
+
+
+class PermissionDenied(FelixError):
+    """The Redis user lacks the role this operation needs."""
+
+
+class Conflict(FelixError):
+    """Internal: a script saw the state change under it; the caller reads again and retries."""
+
+
+class ConnectionFailed(FelixError, ConnectionError):
+    """Redis could not be reached; the message names the server (never the password)."""
+
+
+_CODES: dict[str, type[FelixError]] = {
+    "NOT_FOUND": NotFound,
+    "GROUP_EXISTS": GroupExists,
+    "STREAM_EXISTS": StreamExists,
+    "STALE_CLAIM": StaleClaim,
+    "INVALID": InvalidArgument,
+    "SEQUENCE": SequenceError,
+    "WRONGTYPE": WrongKeyType,
+    "NOPERM": PermissionDenied,
+    "NOT_REPLICATED": NotReplicated,
+    "CONFLICT": Conflict,
+}
+
+_FELIX_RE = re.compile(r"FELIX_([A-Z_]+) (.*)", re.S)
+
+
+def from_response(message: str) -> FelixError | None:
+    """The FelixError a script error message stands for, or None if it is not ours."""
+    match = _FELIX_RE.search(message)
+    if match is not None:
+        cls = _CODES.get(match.group(1), FelixError)
+        return cls(match.group(2).strip())
+    if message.startswith("WRONGTYPE"):
+        return WrongKeyType(message)
+    if message.startswith("NOPERM") or "NOPERM" in message[:40]:
+        return PermissionDenied(message)
+    return None
+
+
+_PASSWORD_RE = re.compile(r"(//[^:/@]*:)([^@]*)(@)")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    return _PASSWORD_RE.sub(r"\1***\3", url)

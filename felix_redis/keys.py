@@ -1,0 +1,116 @@
+"""The key layout (documented in docs/keys.md) and name validation.
+
+Every key of one shard carries the hash tag ``{tenant/namespace/stream/shard}``, so a
+shard lives in one Redis Cluster slot and every script touches one slot. Names may not
+contain ``/``, ``:``, braces, ``|`` or spaces, so no two names map to the same key.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from felix_redis.constants import KEY_MAX_BYTES, NAME_MAX_LEN, NAME_PATTERN
+from felix_redis.errors import InvalidArgument
+
+_NAME_RE = re.compile(NAME_PATTERN)
+
+#: Keys of one shard, in the order scripts receive them.
+SHARD_ROLES = ("meta", "log")
+#: Keys of one group on one shard, in the order scripts receive them (after SHARD_ROLES).
+GROUP_ROLES = (
+    "group", "lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "wake",
+)
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` if it is a valid tenant/namespace/stream/group/consumer name."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} name must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgument(f"{what} name must not be empty")
+    if len(value) > NAME_MAX_LEN:
+        raise InvalidArgument(
+            f"{what} name is {len(value)} characters long; at most {NAME_MAX_LEN} are allowed"
+        )
+    if not _NAME_RE.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} name {value!r} is not allowed: use ASCII letters, digits, '_', '.' "
+            "and '-', starting with a letter or digit"
+        )
+    return value
+
+
+def check_record_key(key: object) -> bytes:
+    """A record key (``publish_keyed``) as UTF-8 bytes."""
+    if isinstance(key, str):
+        raw = key.encode("utf-8")
+    elif isinstance(key, bytes):
+        raw = key
+    else:
+        raise InvalidArgument(f"record key must be str or bytes, got {type(key).__name__}")
+    if not raw:
+        raise InvalidArgument("record key must not be empty")
+    if len(raw) > KEY_MAX_BYTES:
+        raise InvalidArgument(f"record key is {len(raw)} bytes; at most {KEY_MAX_BYTES}")
+    return raw
+
+
+def shard_for_key(key: bytes, shards: int) -> int:
+    """The documented routing of ``publish_keyed``: CRC-32 (IEEE, as zlib) of the key's
+    UTF-8 bytes, modulo the shard count."""
+    return zlib.crc32(key) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class StreamName:
+    """A stream's full name; builds the keys of its shards and groups."""
+
+    prefix: str
+    tenant: str
+    namespace: str
+    stream: str
+
+    @classmethod
+    def of(cls, prefix: str, tenant: str, namespace: str, stream: str) -> StreamName:
+        return cls(
+            prefix,
+            check_name(tenant, "tenant"),
+            check_name(namespace, "namespace"),
+            check_name(stream, "stream"),
+        )
+
+    @property
+    def path(self) -> str:
+        return f"{self.tenant}/{self.namespace}/{self.stream}"
+
+    def base(self, shard: int) -> str:
+        return f"{self.prefix}:{{{self.path}/{shard}}}"
+
+    def shard_keys(self, shard: int) -> list[str]:
+        """``[meta, log]`` of one shard."""
+        base = self.base(shard)
+        return [f"{base}:meta", f"{base}:log"]
+
+    def groups_key(self, shard: int) -> str:
+        """The set of group names on one shard."""
+        return f"{self.base(shard)}:groups"
+
+    def group_keys(self, shard: int, group: str) -> list[str]:
+        """The keys of one group on one shard, in GROUP_ROLES order."""
+        g = f"{self.base(shard)}:g:{group}"
+        return [g] + [f"{g}:{role}" for role in GROUP_ROLES[1:]]
+
+    def producer_key(self, shard: int, producer_id: int) -> str:
+        return f"{self.base(shard)}:producer:{producer_id}"
+
+
+def registry_key(prefix: str) -> str:
+    """The sorted set of every stream (``tenant/namespace/stream``), for stream_list."""
+    return f"{prefix}:streams"
+
+
+def producer_ids_key(prefix: str) -> str:
+    """The counter idempotent producers take their ids from."""
+    return f"{prefix}:producer-ids"

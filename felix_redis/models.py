@@ -1,0 +1,207 @@
+"""The values felix-redis hands back: records, claims, descriptions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from felix_redis.errors import InvalidArgument
+
+__all__ = [
+    "Claim",
+    "DeadLetter",
+    "GroupInfo",
+    "Published",
+    "Record",
+    "ShardState",
+    "StreamInfo",
+    "parse_claim",
+]
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """Where a published record landed."""
+
+    shard: int
+    offset: int
+
+
+class Record:
+    """One delivered (or read) record.
+
+    ``claim`` is ``SHARD:OFFSET:ATTEMPTS``; ``attempts`` is 0 for records read by a
+    subscriber rather than delivered to a group.
+    """
+
+    __slots__ = ("attempts", "key", "offset", "payload", "published_ms", "shard")
+
+    def __init__(
+        self,
+        shard: int,
+        offset: int,
+        attempts: int,
+        payload: bytes,
+        key: str | None,
+        published_ms: int,
+    ) -> None:
+        self.shard = shard
+        self.offset = offset
+        self.attempts = attempts
+        self.payload = payload
+        self.key = key
+        self.published_ms = published_ms
+
+    @property
+    def published_at(self) -> datetime:
+        """Publish time, from the Redis server's clock."""
+        return ms_to_datetime(self.published_ms)
+
+    @property
+    def claim(self) -> str:
+        return f"{self.shard}:{self.offset}:{self.attempts}"
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(claim={self.claim!r}, key={self.key!r}, payload={self.payload[:60]!r}"
+            f"{'...' if len(self.payload) > 60 else ''})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return (self.shard, self.offset, self.attempts, self.payload, self.key) == (
+            other.shard, other.offset, other.attempts, other.payload, other.key
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shard, self.offset, self.attempts))
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A parsed ``SHARD:OFFSET:ATTEMPTS`` (attempts None for ``SHARD:OFFSET``)."""
+
+    shard: int
+    offset: int
+    attempts: int | None
+
+    def __str__(self) -> str:
+        if self.attempts is None:
+            return f"{self.shard}:{self.offset}"
+        return f"{self.shard}:{self.offset}:{self.attempts}"
+
+
+_CLAIM_RE = re.compile(r"(\d{1,9}):(\d{1,16})(?::(\d{1,16}))?")
+
+
+def parse_claim(text: str, *, attempts_required: bool = True) -> Claim:
+    """``"0:15:1"`` -> Claim(0, 15, 1); InvalidArgument names what is wrong."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"claim must be a string, got {type(text).__name__}")
+    match = _CLAIM_RE.fullmatch(text.strip())
+    if match is None or (attempts_required and match.group(3) is None):
+        form = "SHARD:OFFSET:ATTEMPTS" if attempts_required else "SHARD:OFFSET[:ATTEMPTS]"
+        raise InvalidArgument(f"malformed claim {text[:80]!r}: expected {form}, e.g. 0:15:1")
+    attempts = int(match.group(3)) if match.group(3) is not None else None
+    if attempts is not None and attempts < 1:
+        raise InvalidArgument(f"malformed claim {text!r}: attempts start at 1")
+    return Claim(int(match.group(1)), int(match.group(2)), attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A pointer to a record that failed for good; the record stays in the log."""
+
+    shard: int
+    offset: int
+    attempts: int
+    reason: str
+    dead_ms: int
+
+    @property
+    def dead_at(self) -> datetime:
+        return ms_to_datetime(self.dead_ms)
+
+    @property
+    def claim(self) -> str:
+        return f"{self.shard}:{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardState:
+    """A group's state on one shard (``group_describe``)."""
+
+    shard: int
+    position: int
+    tail: int
+    lag: int
+    pending: int
+    owed: int
+    in_flight: int
+    dead: int
+    oldest_unfinished_age_ms: int | None
+    trimmed: int = 0
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    tenant: str
+    namespace: str
+    stream: str
+    group: str
+    visibility_timeout_ms: int
+    max_attempts: int
+    shards: list[ShardState] = field(default_factory=list)
+
+    @property
+    def lag(self) -> int:
+        return sum(s.lag for s in self.shards)
+
+    @property
+    def pending(self) -> int:
+        return sum(s.pending for s in self.shards)
+
+    @property
+    def owed(self) -> int:
+        return sum(s.owed for s in self.shards)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.shards)
+
+    @property
+    def dead(self) -> int:
+        return sum(s.dead for s in self.shards)
+
+    @property
+    def oldest_unfinished_age_ms(self) -> int | None:
+        ages = [s.oldest_unfinished_age_ms for s in self.shards if s.oldest_unfinished_age_ms is not None]
+        return max(ages) if ages else None
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    tenant: str
+    namespace: str
+    stream: str
+    kind: str
+    shards: int
+    replication: int
+    consistency: str
+    retention_max_len: int | None
+    retention_max_age: int | None
+    max_payload: int
+    created_ms: int
+    groups: list[str] = field(default_factory=list)
+    tails: list[int] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)
+
+    @property
+    def created_at(self) -> datetime:
+        return ms_to_datetime(self.created_ms)

@@ -1,0 +1,841 @@
+"""What every operation sends and how its reply is read, written once.
+
+Each operation is a *plan*: a generator that yields :class:`Eval` (one script call) or
+:class:`Cmd` (one plain command) and receives the reply. The sync client and the asyncio
+client only differ in how they execute a yielded op (see ``_drive`` in client.py and
+asyncio.py), so argument building, reply parsing, validation and multi-step logic
+(shards, long polls, retries) exist in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from felix_redis import constants as C
+from felix_redis.errors import (
+    Conflict,
+    ConnectionFailed,
+    GroupExists,
+    InvalidArgument,
+    NotFound,
+    SequenceError,
+)
+from felix_redis.keys import (
+    StreamName,
+    check_name,
+    check_record_key,
+    producer_ids_key,
+    registry_key,
+    shard_for_key,
+)
+from felix_redis.models import (
+    DeadLetter,
+    GroupInfo,
+    Record,
+    ShardState,
+    StreamInfo,
+    parse_claim,
+)
+
+T = TypeVar("T")
+
+
+class Eval:
+    """Run script ``script`` with ``keys`` and ``args``; ``replicas``: WAIT for that many
+    replicas after it (a write on a quorum/all stream)."""
+
+    __slots__ = ("args", "context", "keys", "replicas", "script")
+
+    def __init__(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        context: str,
+        replicas: int = 0,
+    ) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.context = context
+        self.replicas = replicas
+
+
+class Cmd:
+    """Run one plain command. ``key`` routes it on Redis Cluster; ``block_ms`` marks a
+    blocking read (the driver allows for it in socket timeouts)."""
+
+    __slots__ = ("args", "block_ms", "context", "key")
+
+    def __init__(self, *args: Any, key: str | None = None, context: str = "", block_ms: int = 0):
+        self.args = args
+        self.key = key
+        self.context = context
+        self.block_ms = block_ms
+
+
+class BlockAny:
+    """Block until any of ``streams`` (key, last seen ID) gets a new entry, or
+    ``block_ms`` passes. One XREAD BLOCK when all keys share a node; on Redis Cluster the
+    driver blocks on each node at once."""
+
+    __slots__ = ("block_ms", "context", "streams")
+
+    def __init__(self, streams: list[tuple[str, str]], block_ms: int, context: str = "") -> None:
+        self.streams = streams
+        self.block_ms = block_ms
+        self.context = context
+
+
+class Sleep:
+    """Pause the plan (client side), e.g. between retries."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+Op = Union[Eval, Cmd, BlockAny, Sleep]
+Plan = Generator[Op, Any, T]
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def as_bytes(payload: object, what: str = "payload") -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
+    raise InvalidArgument(f"{what} must be bytes or str, got {type(payload).__name__}")
+
+
+def check_int(value: object, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{what} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def seconds_to_ms(value: object, what: str, lo_ms: int, hi_ms: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+    if value != value:  # NaN
+        raise InvalidArgument(f"{what} must be a number, got NaN")
+    if value < 0:
+        raise InvalidArgument(f"{what} must not be negative, got {value}")
+    ms = round(value * 1000)
+    if not lo_ms <= ms <= hi_ms:
+        raise InvalidArgument(
+            f"{what} must be between {lo_ms / 1000:g} and {hi_ms / 1000:g} seconds, got {value}"
+        )
+    return ms
+
+
+def _int(value: Any) -> int:
+    return int(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _key_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def parse_records(reply: list[Any], start: int, count: int, shard: int, with_attempts: bool) -> list[Record]:
+    """Records from a flat reply: [off, attempts, ms, key, payload]* (or without attempts)."""
+    out: list[Record] = []
+    step = 5 if with_attempts else 4
+    i = start
+    for _ in range(count):
+        if with_attempts:
+            off, att, ms, key, payload = reply[i : i + 5]
+        else:
+            off, ms, key, payload = reply[i : i + 4]
+            att = 0
+        out.append(Record(shard, int(off), int(att), payload, _key_text(key), int(ms)))
+        i += step
+    return out
+
+
+def replicas_needed(replication: int, consistency: str) -> int:
+    """Replicas WAIT must see: quorum -> a majority of copies, all -> every copy."""
+    if consistency == "quorum":
+        return replication // 2
+    if consistency == "all":
+        return replication - 1
+    return 0
+
+
+@dataclass
+class StreamSettings:
+    """What a client caches about a stream (immutable for its life)."""
+
+    shards: int
+    replication: int
+    consistency: str
+    replicas: int
+    loaded_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class ProducerState:
+    """Producer id and the last sequence used per (stream, shard)."""
+
+    producer_id: int | None = None
+    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        """Forget the id: the next publish takes a new one, with sequences from 1."""
+        self.producer_id = None
+        self.sequences.clear()
+
+
+class Target:
+    """A resolved record reference: shard, offset and (for claims) attempts."""
+
+    __slots__ = ("attempts", "offset", "shard")
+
+    def __init__(self, shard: int, offset: int, attempts: int | None) -> None:
+        self.shard = shard
+        self.offset = offset
+        self.attempts = attempts
+
+
+def resolve(ref: object, shard: int | None, *, need_attempts: bool) -> Target:
+    """A Record, Item, claim string ``S:O:A`` or bare offset, checked against ``shard``."""
+    record = getattr(ref, "record", ref)
+    if isinstance(record, Record):
+        target = Target(record.shard, record.offset, record.attempts or None)
+    elif isinstance(ref, str):
+        claim = parse_claim(ref, attempts_required=need_attempts)
+        target = Target(claim.shard, claim.offset, claim.attempts)
+    elif isinstance(ref, int) and not isinstance(ref, bool):
+        if need_attempts:
+            raise InvalidArgument(
+                "this operation needs the claim (a Record or 'SHARD:OFFSET:ATTEMPTS'), "
+                f"not a bare offset {ref}"
+            )
+        target = Target(shard if shard is not None else 0, check_int(ref, "offset", 0, 2**52), None)
+    else:
+        raise InvalidArgument(f"expected a Record, claim string or offset, got {type(ref).__name__}")
+    if shard is not None and target.shard != shard:
+        raise InvalidArgument(f"record is from shard {target.shard}, not shard {shard}")
+    if need_attempts and target.attempts is None:
+        raise InvalidArgument("this operation needs the claim's attempts (SHARD:OFFSET:ATTEMPTS)")
+    return target
+
+
+# ------------------------------------------------------------------------------ core
+
+
+class Core:
+    """Builds plans. Holds the key prefix, the stream settings cache, defaults and the
+    round-robin counter; has no connection of its own."""
+
+    settings_ttl_s = 60.0
+    wait_timeout_ms = 2000
+
+    def __init__(self, *, prefix: str = C.DEFAULT_PREFIX, idempotent_publish: bool = True):
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \t\r\n"):
+            raise InvalidArgument(f"bad key prefix {prefix!r}")
+        self.prefix = prefix
+        self.idempotent_publish = idempotent_publish
+        self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
+        self._settings: dict[str, StreamSettings] = {}
+        self._round_robin = itertools.count(random.randrange(1 << 16))
+
+    # -- names and settings
+
+    def name(self, tenant: str, namespace: str, stream: str) -> StreamName:
+        return StreamName.of(self.prefix, tenant, namespace, stream)
+
+    def forget(self, name: StreamName) -> None:
+        self._settings.pop(name.path, None)
+
+    def settings(self, name: StreamName) -> Plan[StreamSettings]:
+        cached = self._settings.get(name.path)
+        if cached is not None and time.monotonic() - cached.loaded_at < self.settings_ttl_s:
+            return cached
+        reply = yield Eval(
+            "stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}"
+        )
+        meta = _pairs(reply[0])
+        replication = int(meta["replication"])
+        consistency = _text(meta["consistency"])
+        settings = StreamSettings(
+            int(meta["shards"]), replication, consistency, replicas_needed(replication, consistency)
+        )
+        self._settings[name.path] = settings
+        return settings
+
+    def shard_of(self, name: StreamName, settings: StreamSettings, shard: object) -> int:
+        shard = check_int(shard, "shard", 0, C.MAX_SHARDS - 1)
+        if shard >= settings.shards:
+            raise NotFound(
+                f"stream {name.path} has {settings.shards} shard(s) (0..{settings.shards - 1}); "
+                f"shard {shard} does not exist"
+            )
+        return shard
+
+    # -- streams
+
+    def stream_create(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        kind: str = "queue",
+        shards: int = 1,
+        replication: int = 1,
+        consistency: str = "leader",
+        retention_max_len: int | None = None,
+        retention_max_age: int | None = None,
+        max_payload: int | None = None,
+    ) -> Plan[bool]:
+        name = self.name(tenant, namespace, stream)
+        if kind not in C.KINDS:
+            raise InvalidArgument(f"kind must be one of {', '.join(C.KINDS)}, got {kind!r}")
+        shards = check_int(shards, "shards", 1, C.MAX_SHARDS)
+        replication = check_int(replication, "replication", 1, 16)
+        if consistency not in C.CONSISTENCY_LEVELS:
+            raise InvalidArgument(
+                f"consistency must be one of {', '.join(C.CONSISTENCY_LEVELS)}, got {consistency!r}"
+            )
+        max_len = 0 if retention_max_len is None else check_int(
+            retention_max_len, "retention_max_len", 1, 2**52
+        )
+        max_age = 0 if retention_max_age is None else check_int(
+            retention_max_age, "retention_max_age", 1, 2**52
+        )
+        payload_limit = C.DEFAULT_MAX_PAYLOAD if max_payload is None else check_int(
+            max_payload, "max_payload", 1, 512 * 1024 * 1024
+        )
+        if replication > 1:
+            copies = yield from self.copies(name)
+            if copies < replication:
+                raise InvalidArgument(
+                    f"replication={replication} needs {replication} copies, but this deployment "
+                    f"holds {copies} (the primary and {copies - 1} connected replica(s))"
+                )
+        created = 0
+        # Shard 0 last: while it is missing the stream does not exist for anyone.
+        for shard in reversed(range(shards)):
+            created += yield Eval(
+                "stream_create",
+                name.shard_keys(shard),
+                [kind, shards, shard, replication, consistency, max_len, max_age, payload_limit,
+                 name.path],
+                f"stream {name.path} shard {shard}",
+            )
+        yield Cmd("ZADD", registry_key(self.prefix), 0, name.path, key=registry_key(self.prefix))
+        self.forget(name)
+        return created > 0
+
+    def copies(self, name: StreamName) -> Plan[int]:
+        """How many copies of a shard's keys this deployment keeps (primary + replicas)."""
+        info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
+        if isinstance(info, dict):
+            return 1 + int(info.get("connected_slaves", 0))
+        text = _text(info)
+        for line in text.splitlines():
+            if line.startswith("connected_slaves:"):
+                return 1 + int(line.split(":", 1)[1])
+        return 1
+
+    def stream_describe(self, tenant: str, namespace: str, stream: str) -> Plan[StreamInfo]:
+        name = self.name(tenant, namespace, stream)
+        first = yield Eval(
+            "stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}"
+        )
+        meta = _pairs(first[0])
+        shards = int(meta["shards"])
+        replies = [first]
+        for shard in range(1, shards):
+            replies.append((yield Eval(
+                "stream_info", [*name.shard_keys(shard), name.groups_key(shard)], [],
+                f"stream {name.path} shard {shard}",
+            )))
+        tails = [int(_pairs(r[0])["tail"]) for r in replies]
+        firsts = [int(_pairs(r[0])["first"]) for r in replies]
+        max_len, max_age = int(meta["max_len"]), int(meta["max_age"])
+        return StreamInfo(
+            tenant, namespace, stream,
+            kind=_text(meta["kind"]),
+            shards=shards,
+            replication=int(meta["replication"]),
+            consistency=_text(meta["consistency"]),
+            retention_max_len=max_len or None,
+            retention_max_age=max_age or None,
+            max_payload=int(meta["max_payload"]),
+            created_ms=int(meta["created"]),
+            groups=sorted(_text(g) for g in first[1]),
+            tails=tails,
+            firsts=firsts,
+        )
+
+    def stream_list(self, tenant: str | None = None, namespace: str | None = None) -> Plan[list[tuple[str, str, str]]]:
+        if tenant is not None:
+            check_name(tenant, "tenant")
+        if namespace is not None:
+            check_name(namespace, "namespace")
+        members = yield Cmd("ZRANGE", registry_key(self.prefix), 0, -1, key=registry_key(self.prefix))
+        out = []
+        for member in members:
+            t, n, s = _text(member).split("/")
+            if (tenant is None or t == tenant) and (namespace is None or n == namespace):
+                out.append((t, n, s))
+        return out
+
+    def stream_delete(self, tenant: str, namespace: str, stream: str) -> Plan[None]:
+        name = self.name(tenant, namespace, stream)
+        settings = yield from self.settings(name)
+        existed = 0
+        for shard in reversed(range(settings.shards)):
+            for attempt in range(10):
+                groups = [_text(g) for g in (yield Cmd(
+                    "SMEMBERS", name.groups_key(shard), key=name.groups_key(shard)))]
+                keys = [*name.shard_keys(shard), name.groups_key(shard)]
+                for group in groups:
+                    keys += name.group_keys(shard, group)
+                try:
+                    existed = yield Eval(
+                        "stream_delete", keys, [len(groups), *groups],
+                        f"stream {name.path} shard {shard}",
+                    )
+                    break
+                except Conflict:
+                    if attempt == 9:
+                        raise
+        yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
+        self.forget(name)
+        if not existed:
+            raise NotFound(f"stream {name.path} does not exist")
+
+    # -- publishing
+
+    def choose_shard(self, settings: StreamSettings, shard: int | None, key: bytes | None) -> int:
+        if key is not None and shard is None:
+            return shard_for_key(key, settings.shards)
+        return next(self._round_robin) % settings.shards
+
+    def publish(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        payloads: Sequence[bytes],
+        shard: int | None,
+        key: object,
+        producer: ProducerState | None,
+    ) -> Plan[tuple[int, int, int]]:
+        """Publishes payloads to one shard; returns (shard, first offset, count)."""
+        name = self.name(tenant, namespace, stream)
+        raw_key = None if key is None else check_record_key(key)
+        if not payloads:
+            raise InvalidArgument("nothing to publish: the batch is empty")
+        if len(payloads) > C.MAX_BATCH:
+            raise InvalidArgument(f"a batch holds at most {C.MAX_BATCH} payloads, got {len(payloads)}")
+        settings = yield from self.settings(name)
+        if shard is not None:
+            shard = self.shard_of(name, settings, shard)
+        else:
+            shard = self.choose_shard(settings, None, raw_key)
+        keys = name.shard_keys(shard)
+        context = f"stream {name.path} shard {shard}"
+        if producer is None:
+            keys.append(keys[0])
+            reply = yield Eval(
+                "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
+                context, settings.replicas,
+            )
+            return shard, int(reply[0]), int(reply[1])
+        # The caller holds the producer's lock for the whole plan: sequences of one
+        # producer reach a shard in order.
+        if producer.producer_id is None:
+            producer.producer_id = int((yield self.new_producer_id()))
+        pid = producer.producer_id
+        slot = (name.path, shard)
+        seq = producer.sequences.get(slot, 0) + 1
+        keys.append(name.producer_key(shard, pid))
+        op = Eval(
+            "publish", keys, [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
+            context, settings.replicas,
+        )
+        try:
+            reply = yield op
+        except ConnectionFailed:
+            # Outcome unknown: one more try with the same sequence is answered from the
+            # shard's memory if the first landed. If that fails too, start over as a new
+            # producer so that the next publish cannot hit a sequence gap.
+            yield Sleep(0.05 + random.random() * 0.1)
+            try:
+                reply = yield op
+            except ConnectionFailed:
+                producer.reset()
+                raise
+        except SequenceError:
+            producer.reset()
+            raise
+        producer.sequences[slot] = seq
+        return shard, int(reply[0]), int(reply[1])
+
+    def new_producer_id(self) -> Cmd:
+        return Cmd("INCR", producer_ids_key(self.prefix), key=producer_ids_key(self.prefix))
+
+    # -- groups
+
+    def group_create(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        start: object = "earliest",
+        visibility_timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Plan[None]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        if isinstance(start, str) and start in C.STARTS:
+            start_arg: object = start
+        elif isinstance(start, int) and not isinstance(start, bool):
+            start_arg = check_int(start, "start offset", 0, 2**52)
+        else:
+            raise InvalidArgument(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
+        if visibility_timeout_ms is None:
+            visibility_timeout_ms = C.env_int(C.ENV_VISIBILITY_TIMEOUT_MS, C.DEFAULT_VISIBILITY_TIMEOUT_MS)
+        vt = check_int(visibility_timeout_ms, "visibility_timeout_ms", 1, C.MAX_VISIBILITY_TIMEOUT_MS)
+        if max_attempts is None:
+            max_attempts = C.env_int(C.ENV_MAX_ATTEMPTS, C.DEFAULT_MAX_ATTEMPTS)
+        attempts = check_int(max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
+        settings = yield from self.settings(name)
+        context = f"group {group} on stream {name.path}"
+        if (yield Cmd("EXISTS", name.group_keys(0, group)[0], key=name.group_keys(0, group)[0])):
+            raise GroupExists(f"{context}: group exists already")
+        # Shard 0 last and strict: it decides whether the group exists.
+        for shard in reversed(range(settings.shards)):
+            yield Eval(
+                "group_create",
+                [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
+                [group, start_arg, vt, attempts, 1 if shard == 0 else 0],
+                f"{context} shard {shard}", settings.replicas,
+            )
+
+    def group_configure(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        visibility_timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Plan[None]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        vt = "" if visibility_timeout_ms is None else check_int(
+            visibility_timeout_ms, "visibility_timeout_ms", 1, C.MAX_VISIBILITY_TIMEOUT_MS)
+        attempts = "" if max_attempts is None else check_int(
+            max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
+        settings = yield from self.settings(name)
+        for shard in range(settings.shards):
+            yield Eval(
+                "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
+                [vt, attempts], f"group {group} on stream {name.path} shard {shard}",
+                settings.replicas,
+            )
+
+    def group_list(self, tenant: str, namespace: str, stream: str) -> Plan[list[str]]:
+        info = yield from self.stream_describe(tenant, namespace, stream)
+        return info.groups
+
+    def group_delete(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[None]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        existed = 0
+        for shard in range(settings.shards):
+            existed += yield Eval(
+                "group_delete",
+                [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
+                [group], f"group {group} on stream {name.path} shard {shard}", settings.replicas,
+            )
+        if not existed:
+            raise NotFound(f"group {group} on stream {name.path} does not exist")
+
+    def _group_op(
+        self, tenant: str, namespace: str, stream: str, shard: object, group: str
+    ) -> Plan[tuple[StreamName, StreamSettings, int, list[str], str]]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        shard = self.shard_of(name, settings, shard)
+        keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
+        return name, settings, shard, keys, f"group {group} on stream {name.path} shard {shard}"
+
+    def group_poll(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        shard: int,
+        group: str,
+        max_records: int = 16,
+        wait: float | None = None,
+        consumer: str | None = None,
+        reclaim: bool = False,
+    ) -> Plan[list[Record]]:
+        max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
+        wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
+        if consumer is not None:
+            check_name(consumer, "consumer")
+        elif reclaim:
+            raise InvalidArgument("reclaim needs a consumer name")
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        deadline = time.monotonic() + wait_ms / 1000
+        args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
+        while True:
+            reply = yield Eval("group_poll", keys, args, context, settings.replicas)
+            count = int(reply[4])
+            if count or wait_ms <= 0:
+                return parse_records(reply, 5, count, shard, True)
+            args[2] = 0  # reclaim once
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return []
+            block_ms = left_ms
+            due = int(reply[1])
+            if due >= 0:
+                block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
+            yield BlockAny(wake_points(keys, reply), block_ms, context)
+
+    def sharded_poll(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        max_records: int,
+        wait: float | None,
+        consumer: str | None,
+        reclaimed: set[int],
+        cursor: int,
+    ) -> Plan[tuple[list[Record], int]]:
+        """Polls every shard fairly: a quota per shard first (starting from a rotating
+        shard), then what is left from shards that had more. Returns (records, cursor)."""
+        max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
+        wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
+        if consumer is not None:
+            check_name(consumer, "consumer")
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        shards = settings.shards
+        context = f"group {group} on stream {name.path}"
+        deadline = time.monotonic() + wait_ms / 1000
+        quota = max(1, max_records // shards)
+        while True:
+            order = [(cursor + i) % shards for i in range(shards)]
+            cursor = (cursor + 1) % shards
+            out: list[Record] = []
+            more: list[int] = []
+            points: dict[str, str] = {}
+            block_ms = -1
+            for pass_shards, limit in ((order, quota), (more, max_records)):
+                for shard in list(pass_shards):
+                    want = min(limit, max_records - len(out))
+                    if want <= 0:
+                        break
+                    keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
+                    reclaim = consumer is not None and shard not in reclaimed
+                    reply = yield Eval(
+                        "group_poll", keys, [want, consumer or "", 1 if reclaim else 0],
+                        f"{context} shard {shard}", settings.replicas,
+                    )
+                    if reclaim:
+                        reclaimed.add(shard)
+                    count = int(reply[4])
+                    out += parse_records(reply, 5, count, shard, True)
+                    if count == want and pass_shards is order:
+                        more.append(shard)
+                    points.update(wake_points(keys, reply))
+                    due = int(reply[1])
+                    if due >= 0:
+                        until = max(1, due - int(reply[0]) + 1)
+                        block_ms = until if block_ms < 0 else min(block_ms, until)
+            if out or wait_ms <= 0:
+                return out, cursor
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return [], cursor
+            block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
+            yield BlockAny(list(points.items()), block_ms, context)
+
+    def group_ack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
+    ) -> Plan[list[bool]]:
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        offsets = [resolve(ref, shard, need_attempts=False).offset for ref in refs]
+        if not offsets:
+            return []
+        if len(offsets) > C.MAX_BATCH:
+            raise InvalidArgument(f"ack takes at most {C.MAX_BATCH} offsets at once")
+        reply = yield Eval("group_ack", keys, offsets, context, settings.replicas)
+        return [bool(int(x)) for x in reply]
+
+    def group_nack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,
+        delay: float = 0.0,
+    ) -> Plan[bool]:
+        delay_ms = seconds_to_ms(delay, "delay", 0, C.MAX_DELAY_MS)
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        target = resolve(ref, shard, need_attempts=True)
+        reply = yield Eval(
+            "group_nack", keys, [target.offset, target.attempts, delay_ms], context, settings.replicas
+        )
+        return int(reply) == 2
+
+    def group_extend(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,
+        by: float | None = None,
+    ) -> Plan[int]:
+        by_ms: Any = "" if by is None else seconds_to_ms(by, "by", 1, C.MAX_DELAY_MS)
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        target = resolve(ref, shard, need_attempts=True)
+        reply = yield Eval(
+            "group_extend", keys, [target.offset, target.attempts, by_ms], context, settings.replicas
+        )
+        return int(reply)
+
+    def group_dead_letter(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,
+        reason: str = "",
+    ) -> Plan[None]:
+        if not isinstance(reason, str):
+            raise InvalidArgument(f"reason must be a string, got {type(reason).__name__}")
+        raw = reason.encode("utf-8")
+        if len(raw) > C.MAX_REASON_BYTES:
+            raise InvalidArgument(f"reason is {len(raw)} bytes; at most {C.MAX_REASON_BYTES}")
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        target = resolve(ref, shard, need_attempts=True)
+        yield Eval(
+            "group_dead_letter", keys, [target.offset, target.attempts, raw], context,
+            settings.replicas,
+        )
+
+    def group_dead_letters(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str
+    ) -> Plan[list[DeadLetter]]:
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        reply = yield Eval("group_dead_letters", keys, [], context)
+        out = []
+        for i in range(0, len(reply), 2):
+            attempts, ms, reason = _text(reply[i + 1]).split("|", 2)
+            out.append(DeadLetter(shard, int(reply[i]), int(attempts), reason, int(ms)))
+        out.sort(key=lambda d: d.offset)
+        return out
+
+    def _dead_op(
+        self, script: str, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[object] | None,
+    ) -> Plan[int]:
+        name, settings, shard, keys, context = yield from self._group_op(
+            tenant, namespace, stream, shard, group)
+        if offsets is not None:
+            chosen = [resolve(ref, shard, need_attempts=False).offset for ref in offsets]
+            if not chosen:
+                return 0
+            if len(chosen) > C.MAX_BATCH:
+                raise InvalidArgument(f"at most {C.MAX_BATCH} offsets at once")
+            reply = yield Eval(script, keys, ["list", "0", *chosen], context, settings.replicas)
+            return int(reply[0])
+        total, cursor = 0, "0"
+        for _ in range(1_000_000):
+            reply = yield Eval(script, keys, ["all", cursor], context, settings.replicas)
+            total += int(reply[0])
+            cursor = _text(reply[1])
+            if cursor == "0":
+                break
+        return total
+
+    def group_redrive(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[object] | None = None,
+    ) -> Plan[int]:
+        return (yield from self._dead_op("group_redrive", tenant, namespace, stream, shard, group, offsets))
+
+    def group_discard(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[object] | None = None,
+    ) -> Plan[int]:
+        return (yield from self._dead_op("group_discard", tenant, namespace, stream, shard, group, offsets))
+
+    def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[GroupInfo]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        states = []
+        vt = attempts = 0
+        for shard in range(settings.shards):
+            r = yield Eval(
+                "group_describe", [*name.shard_keys(shard), *name.group_keys(shard, group)], [],
+                f"group {group} on stream {name.path} shard {shard}",
+            )
+            position, tail, nxt = int(r[0]), int(r[1]), int(r[2])
+            age = int(r[6])
+            vt, attempts = int(r[8]), int(r[9])
+            states.append(ShardState(
+                shard=shard, position=position, tail=tail, lag=tail - position,
+                pending=tail - nxt, owed=int(r[3]), in_flight=int(r[4]), dead=int(r[5]),
+                oldest_unfinished_age_ms=None if age < 0 else age, trimmed=int(r[7]),
+            ))
+        return GroupInfo(tenant, namespace, stream, group, vt, attempts, states)
+
+    # -- reading (subscribers, replay)
+
+    def read(
+        self, tenant: str, namespace: str, stream: str, shard: int, start: int, count: int = 100
+    ) -> Plan[tuple[list[Record], int, int]]:
+        """Records from ``start`` on; returns (records, tail, first offset kept)."""
+        name = self.name(tenant, namespace, stream)
+        settings = yield from self.settings(name)
+        shard = self.shard_of(name, settings, shard)
+        start = check_int(start, "start offset", 0, 2**52)
+        count = check_int(count, "count", 1, C.MAX_RECORDS_PER_POLL)
+        reply = yield Eval(
+            "stream_read", name.shard_keys(shard), [start, count],
+            f"stream {name.path} shard {shard}",
+        )
+        return parse_records(reply, 3, int(reply[2]), shard, False), int(reply[0]), int(reply[1])
+
+
+def wake_points(keys: list[str], reply: list[Any]) -> list[tuple[str, str]]:
+    """Where a long-poller blocks after an empty poll: the log after the tail the poll
+    saw, and the group's wake stream after the wake sequence it saw. Anything that
+    happens after the poll has a larger ID, so no wake-up is missed."""
+    return [(keys[1], f"{int(reply[2])}-0"), (keys[11], f"{int(reply[3])}-1")]
+
+
+def _pairs(flat: list[Any]) -> dict[str, Any]:
+    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}

@@ -1,0 +1,44 @@
+-- group_ack: finish records: acked records leave no group state behind and the position
+-- advances over any contiguous run of finished records. Idempotent: acking a finished
+-- record changes nothing and says so; acking a stale claim whose record is still
+-- unfinished (owed or in flight under a newer lease) finishes it.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1..] offsets   1..10000 offsets (integers) of delivered records
+--
+-- Returns: one status per offset: 1 acked now, 0 already finished.
+-- Errors: FELIX_NOT_FOUND (stream, shard, group; an offset never delivered), FELIX_INVALID,
+-- FELIX_WRONGTYPE. All offsets are checked before anything is written.
+--- @include "group"
+if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
+local offsets = {}
+for i = 1, #ARGV do offsets[i] = int_arg(ARGV[i], 'offset', 0, 2 ^ 52) end
+local K = group_keys()
+local S = load_group(K)
+for _, off in ipairs(offsets) do
+  if off >= S.next then
+    fail('NOT_FOUND', 'record ' .. fmt(off) .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
+  end
+end
+local out = {}
+for i, off in ipairs(offsets) do
+  if is_finished(K, S, fmt(off), off) then
+    out[i] = 0
+  else
+    finish(K, S, off)
+    out[i] = 1
+  end
+end
+save_group(K, S)
+return out

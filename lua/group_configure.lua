@@ -1,0 +1,29 @@
+-- group_configure: change a group's visibility timeout and/or max attempts on one shard.
+-- Leases already granted keep their expiry. Safe to run twice.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] vt_ms         integer 1..604800000, or '' to keep
+-- ARGV[2] max_attempts  integer 1..1000000, or '' to keep
+--
+-- Returns: {vt_ms, max_attempts} as now stored.
+-- Errors: FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+--- @include "group"
+local K = group_keys()
+local vt, max
+if ARGV[1] ~= '' then vt = int_arg(ARGV[1], 'visibility_timeout_ms', 1, 604800000) end
+if ARGV[2] ~= '' then max = int_arg(ARGV[2], 'max_attempts', 1, 1000000) end
+local S = load_group(K)
+if vt then S.vt = vt; redis.call('HSET', K.group, 'vt', fmt(vt)) end
+if max then S.max = max; redis.call('HSET', K.group, 'max', fmt(max)) end
+return {S.vt, S.max}

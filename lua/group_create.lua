@@ -1,0 +1,56 @@
+-- group_create: create a consumer group on one shard, starting at the earliest record,
+-- the tail ('latest') or an offset. Safe to run twice: with strict=0 an existing group
+-- is left as it is.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- KEYS[13] groups    set: names of the groups on this shard
+-- ARGV[1] name        the group name
+-- ARGV[2] start       'earliest', 'latest' or an offset (integer, 0..tail)
+-- ARGV[3] vt_ms       integer 1..604800000, visibility timeout (lease length) in ms
+-- ARGV[4] max_attempts integer 1..1000000, deliveries before a record is dead-lettered
+-- ARGV[5] strict      '1': fail if the group exists; '0': return 0
+--
+-- Returns: 1 when created, 0 when it existed (strict=0).
+-- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
+-- FELIX_INVALID (bad start, timeout or attempts), FELIX_WRONGTYPE.
+--- @include "group"
+local K = group_keys()
+local name, start = ARGV[1], ARGV[2]
+local vt = int_arg(ARGV[3], 'visibility_timeout_ms', 1, 604800000)
+local max = int_arg(ARGV[4], 'max_attempts', 1, 1000000)
+for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
+expect_type(KEYS[13], 'set')
+local m = redis.call('HMGET', K.meta, 'tail', 'first')
+if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+local tail, first = tonumber(m[1]), tonumber(m[2])
+local pos
+if start == 'earliest' then
+  pos = first
+elseif start == 'latest' then
+  pos = tail
+else
+  pos = int_arg(start, 'start offset', 0, 2 ^ 52)
+  if pos > tail then
+    fail('INVALID', 'start offset ' .. start .. ' is beyond the tail (' .. fmt(tail) .. ')')
+  end
+  if pos < first then pos = first end
+end
+if redis.call('EXISTS', K.group) == 1 then
+  if ARGV[5] == '1' then fail('GROUP_EXISTS', 'group exists already') end
+  return 0
+end
+redis.call('HSET', K.group, 'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
+  'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now_ms()))
+redis.call('SADD', KEYS[13], name)
+return 1

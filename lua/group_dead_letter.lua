@@ -1,0 +1,34 @@
+-- group_dead_letter: make a held record a dead letter at once (a pointer: attempts,
+-- time, reason; the record stays in the log). The group moves past it. Needs the
+-- current claim.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] offset      integer, the record
+-- ARGV[2] attempts    integer >= 1, the claim's attempts
+-- ARGV[3] reason      text, at most 4096 bytes
+--
+-- Returns: 1.
+-- Errors: FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+--- @include "group"
+local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
+local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
+local reason = ARGV[3] or ''
+if #reason > 4096 then fail('INVALID', 'reason is ' .. fmt(#reason) .. ' bytes; at most 4096') end
+local K = group_keys()
+local S = load_group(K)
+local now = now_ms()
+check_claim(K, S, off, attempts, now)
+dead_letter(K, S, off, attempts, reason, now)
+save_group(K, S)
+return 1

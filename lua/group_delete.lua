@@ -1,0 +1,28 @@
+-- group_delete: delete a consumer group on one shard with all its state. The records
+-- stay in the log. Safe to run twice.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- KEYS[13] groups    set: names of the groups on this shard
+-- ARGV[1] name       the group name
+--
+-- Returns: 1 when deleted, 0 when the group did not exist.
+-- Errors: FELIX_WRONGTYPE.
+--- @include "group"
+local K = group_keys()
+for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
+expect_type(KEYS[13], 'set')
+local existed = redis.call('EXISTS', K.group)
+for i = 3, 12 do redis.call('DEL', KEYS[i]) end
+redis.call('SREM', KEYS[13], ARGV[1])
+return existed

@@ -1,0 +1,40 @@
+-- group_describe: a group's state on one shard, for operators. Writes nothing.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- (no ARGV)
+--
+-- Returns: {position, tail, next, owed, in_flight, dead, oldest unfinished age ms (-1:
+-- none), trimmed, vt_ms, max_attempts, now ms}. position is the smallest unfinished
+-- offset (redriven records included); owed counts lapsed leases too.
+-- Errors: FELIX_NOT_FOUND, FELIX_WRONGTYPE.
+--- @include "group"
+local K = group_keys()
+local S = load_group(K)
+local now = now_ms()
+local position = S.pos
+local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
+if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
+local lapsed = redis.call('ZCOUNT', K.lease, '-inf', now)
+local in_flight = redis.call('ZCARD', K.lease) - lapsed
+local owed = redis.call('ZCARD', K.owed) + lapsed
+local age = -1
+if position < S.tail then
+  local e = redis.call('XRANGE', K.log, fmt(position), '+', 'COUNT', 1)
+  if #e > 0 then
+    local _, ms = parse_id(e[1][1])
+    age = math.max(0, now - tonumber(ms))
+  end
+end
+return {position, S.tail, S.next, owed, in_flight, redis.call('HLEN', K.dead), age, S.trimmed,
+  S.vt, S.max, now}

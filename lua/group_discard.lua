@@ -1,0 +1,47 @@
+-- group_discard: drop dead letters for good. The records were already finished, so the
+-- position does not change; the records stay in the log until retention removes them.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] mode        'all' (a chunk of all dead letters) or 'list' (the offsets given)
+-- ARGV[2] cursor      HSCAN cursor for 'all' ('0' to start), ignored for 'list'
+-- ARGV[3..] offsets   for 'list': 1..10000 offsets (integers) of dead letters
+--
+-- Returns: {records discarded, next cursor ('0' when done)}.
+-- Errors: FELIX_NOT_FOUND (group; an offset that is not a dead letter; for redrive, a
+-- record trimmed from the log), FELIX_INVALID, FELIX_WRONGTYPE. In 'list' mode every
+-- offset is checked before anything is written.
+--- @include "group"
+local mode = ARGV[1]
+local K = group_keys()
+load_group(K)
+local targets, cursor = {}, '0'
+if mode == 'list' then
+  if #ARGV < 3 or #ARGV > 10002 then fail('INVALID', 'discard takes 1 to 10000 offsets') end
+  for i = 3, #ARGV do
+    local off = int_arg(ARGV[i], 'offset', 0, 2 ^ 52)
+    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 then
+      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' is not a dead letter of this group')
+    end
+    targets[#targets + 1] = fmt(off)
+  end
+elseif mode == 'all' then
+  local scan = redis.call('HSCAN', K.dead, ARGV[2], 'COUNT', 1000)
+  cursor = scan[1]
+  for i = 1, #scan[2], 2 do targets[#targets + 1] = scan[2][i] end
+else
+  fail('INVALID', "mode must be 'all' or 'list'")
+end
+local count = 0
+for _, m in ipairs(targets) do count = count + redis.call('HDEL', K.dead, m) end
+return {count, cursor}

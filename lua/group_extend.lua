@@ -1,0 +1,36 @@
+-- group_extend: set a held lease to expire by_ms from now (server time). Needs the
+-- current claim. Safe to run twice.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] offset      integer, the record
+-- ARGV[2] attempts    integer >= 1, the claim's attempts
+-- ARGV[3] by_ms       integer 1..604800000, or '' for the group's visibility timeout
+--
+-- Returns: the new lease expiry, ms since the epoch.
+-- Errors: FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+--- @include "group"
+local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
+local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
+local by
+if ARGV[3] ~= '' then by = int_arg(ARGV[3], 'extend by_ms', 1, 604800000) end
+local K = group_keys()
+local S = load_group(K)
+local now = now_ms()
+local m = check_claim(K, S, off, attempts, now)
+local expiry = now + (by or S.vt)
+redis.call('ZADD', K.lease, 'XX', expiry, m)
+-- a shorter lease may now fall due before a long-poller's timer
+wake(K, S)
+save_group(K, S)
+return expiry

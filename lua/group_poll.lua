@@ -1,0 +1,126 @@
+-- group_poll: hand out up to max_records records under a lease: due redeliveries first
+-- (by due time), then new records in offset order. Each delivery adds one to the
+-- record's attempts. A lapsed lease counts as a failed delivery; a record whose failed
+-- deliveries reached max_attempts becomes a dead letter instead of being handed out.
+-- Scripts never block: the reply says when the next owed record or lease falls due and
+-- where to block (log tail, wake sequence) so no wake-up is missed.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] max_records  integer 1..10000
+-- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
+-- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
+--
+-- Returns: {now ms, next due ms (-1: none), tail, wake sequence, n, then n times:
+-- offset, attempts, publish ms, key (nil when none), payload}.
+-- Errors: FELIX_NOT_FOUND (stream, shard or group), FELIX_INVALID, FELIX_WRONGTYPE.
+--- @include "group"
+local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
+local consumer, reclaim = ARGV[2], ARGV[3] == '1'
+local K = group_keys()
+local S = load_group(K)
+local now = now_ms()
+
+-- 1. Reclaim: this consumer's in-flight records become owed, due before everything else.
+if reclaim and consumer ~= '' and S.cons then
+  local mine = redis.call('ZRANGEBYLEX', K.byowner, '[' .. consumer .. '|', '(' .. consumer .. '}')
+  for _, member in ipairs(mine) do
+    local m = string.sub(member, #consumer + 2)
+    redis.call('ZREM', K.byowner, member)
+    redis.call('HDEL', K.owner, m)
+    if redis.call('ZREM', K.lease, m) == 1 then
+      local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
+      if a >= S.max then
+        dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
+      else
+        redis.call('ZADD', K.owed, 0, m)
+      end
+    end
+  end
+end
+
+-- 2. Lapsed leases: failed deliveries, owed from their expiry (bounded per call).
+local lapsed = redis.call('ZRANGEBYSCORE', K.lease, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_records + 64)
+for i = 1, #lapsed, 2 do
+  local m = lapsed[i]
+  redis.call('ZREM', K.lease, m)
+  release_owner(K, S, m)
+  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
+  if a >= S.max then
+    dead_letter(K, S, tonumber(m), a, 'max_attempts reached: lease lapsed', now)
+  else
+    redis.call('ZADD', K.owed, lapsed[i + 1], m)
+  end
+end
+
+local out = {now, -1, S.tail, S.wseq, 0}
+local n = 0
+local expiry = now + S.vt
+local function lease(m, off, attempts, ms, key, payload)
+  redis.call('ZADD', K.lease, expiry, m)
+  redis.call('HSET', K.attempts, m, attempts)
+  if consumer ~= '' then
+    redis.call('HSET', K.owner, m, consumer)
+    redis.call('ZADD', K.byowner, 0, consumer .. '|' .. m)
+    if not S.cons then S.cons = true; S.dirty = true end
+  end
+  n = n + 1
+  out[#out + 1] = off
+  out[#out + 1] = attempts
+  out[#out + 1] = ms
+  out[#out + 1] = key
+  out[#out + 1] = payload
+end
+
+-- 3. Due redeliveries, by due time.
+local due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now, 'LIMIT', 0, max_records)
+for _, m in ipairs(due) do
+  local off = tonumber(m)
+  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
+  if a >= S.max then
+    dead_letter(K, S, off, a, 'max_attempts reached', now)
+  else
+    local e = redis.call('XRANGE', K.log, m, m, 'COUNT', 1)
+    if #e == 0 then
+      -- trimmed by retention while owed: counted, never silently skipped
+      finish(K, S, off)
+      S.trimmed = S.trimmed + 1
+      S.dirty = true
+    else
+      redis.call('ZREM', K.owed, m)
+      local _, ms = parse_id(e[1][1])
+      local payload, key = entry_fields(e[1][2])
+      lease(m, off, a + 1, ms, key, payload)
+    end
+  end
+end
+
+-- 4. New records, in offset order.
+local want = max_records - n
+if want > 0 and S.next < S.tail then
+  local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', want)
+  for _, e in ipairs(entries) do
+    local off, ms = parse_id(e[1])
+    if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
+    local payload, key = entry_fields(e[2])
+    lease(fmt(off), off, 1, ms, key, payload)
+    S.next = off + 1
+  end
+  if #entries == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
+  S.dirty = true
+end
+
+save_group(K, S)
+out[2] = next_due(K)
+out[5] = n
+return out

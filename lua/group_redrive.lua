@@ -1,0 +1,65 @@
+-- group_redrive: make dead letters owed again, due now, with attempts starting over. A
+-- redriven record is unfinished again, so the reported position is never above it.
+--
+-- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
+-- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
+-- KEYS[7] done       set: finished offsets above the position
+-- KEYS[8] redo       zset: redriven offsets below the position, score = offset
+-- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
+-- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
+-- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
+-- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- ARGV[1] mode        'all' (a chunk of all dead letters) or 'list' (the offsets given)
+-- ARGV[2] cursor      HSCAN cursor for 'all' ('0' to start), ignored for 'list'
+-- ARGV[3..] offsets   for 'list': 1..10000 offsets (integers) of dead letters
+--
+-- Returns: {records redriven, next cursor ('0' when done)}.
+-- Errors: FELIX_NOT_FOUND (group; an offset that is not a dead letter; for redrive, a
+-- record trimmed from the log), FELIX_INVALID, FELIX_WRONGTYPE. In 'list' mode every
+-- offset is checked before anything is written.
+--- @include "group"
+local mode = ARGV[1]
+local K = group_keys()
+local S = load_group(K)
+local targets, cursor = {}, '0'
+if mode == 'list' then
+  if #ARGV < 3 or #ARGV > 10002 then fail('INVALID', 'redrive takes 1 to 10000 offsets') end
+  for i = 3, #ARGV do
+    local off = int_arg(ARGV[i], 'offset', 0, 2 ^ 52)
+    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 then
+      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' is not a dead letter of this group')
+    end
+    if #redis.call('XRANGE', K.log, fmt(off), fmt(off), 'COUNT', 1) == 0 then
+      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' was trimmed from the log; discard it instead')
+    end
+    targets[#targets + 1] = fmt(off)
+  end
+elseif mode == 'all' then
+  local scan = redis.call('HSCAN', K.dead, ARGV[2], 'COUNT', 1000)
+  cursor = scan[1]
+  for i = 1, #scan[2], 2 do
+    local m = scan[2][i]
+    -- trimmed records cannot be redelivered: they stay dead letters
+    if #redis.call('XRANGE', K.log, m, m, 'COUNT', 1) > 0 then targets[#targets + 1] = m end
+  end
+else
+  fail('INVALID', "mode must be 'all' or 'list'")
+end
+local now = now_ms()
+local count = 0
+for _, m in ipairs(targets) do
+  if redis.call('HDEL', K.dead, m) == 1 then
+    local off = tonumber(m)
+    if off < S.pos then redis.call('ZADD', K.redo, off, m) else redis.call('SREM', K.done, m) end
+    redis.call('HDEL', K.attempts, m)
+    redis.call('ZADD', K.owed, now, m)
+    count = count + 1
+  end
+end
+if count > 0 then wake(K, S) end
+save_group(K, S)
+return {count, cursor}

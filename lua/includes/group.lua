@@ -1,0 +1,136 @@
+-- group: load, check and update one consumer group's state on one shard.
+-- Scripts that include it receive KEYS in this order (see felix_redis/keys.py):
+--   KEYS[1] meta, KEYS[2] log, KEYS[3] group, KEYS[4] lease, KEYS[5] owed,
+--   KEYS[6] attempts, KEYS[7] done, KEYS[8] redo, KEYS[9] dead, KEYS[10] owner,
+--   KEYS[11] byowner, KEYS[12] wake
+
+local GROUP_KEY_TYPES = {
+  {'meta', 'hash'}, {'log', 'stream'}, {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'},
+  {'attempts', 'hash'}, {'done', 'set'}, {'redo', 'zset'}, {'dead', 'hash'}, {'owner', 'hash'},
+  {'byowner', 'zset'}, {'wake', 'stream'},
+}
+
+local function group_keys()
+  local K = {}
+  for i, kt in ipairs(GROUP_KEY_TYPES) do K[kt[1]] = KEYS[i] end
+  return K
+end
+
+-- Checks every key's type, that the stream (shard) and the group exist; returns the
+-- group's state S. Nothing is written.
+local function load_group(K)
+  for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
+  local m = redis.call('HMGET', K.meta, 'tail', 'first')
+  if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+  local g = redis.call('HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed')
+  if not g[1] then fail('NOT_FOUND', 'group does not exist') end
+  return {
+    tail = tonumber(m[1]), first = tonumber(m[2]),
+    vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
+    wseq = tonumber(g[5]), cons = g[6] == '1', trimmed = tonumber(g[7] or '0'),
+    dirty = false,
+  }
+end
+
+-- Writes back the parts of S that scripts change.
+local function save_group(K, S)
+  if S.dirty then
+    redis.call('HSET', K.group, 'pos', fmt(S.pos), 'next', fmt(S.next), 'wseq', fmt(S.wseq),
+      'cons', S.cons and '1' or '0', 'trimmed', fmt(S.trimmed))
+  end
+end
+
+-- Wakes long-polling consumers of this group (they block on the wake stream).
+local function wake(K, S)
+  S.wseq = S.wseq + 1
+  S.dirty = true
+  redis.call('XADD', K.wake, 'MAXLEN', '1', fmt(S.wseq) .. '-1', 'w', '1')
+end
+
+-- Forgets which consumer holds record m.
+local function release_owner(K, S, m)
+  if S.cons then
+    local c = redis.call('HGET', K.owner, m)
+    if c then
+      redis.call('HDEL', K.owner, m)
+      redis.call('ZREM', K.byowner, c .. '|' .. m)
+    end
+  end
+end
+
+-- Marks offset off finished for the position: advance over a contiguous run, or
+-- remember it above the position, or (below the position) drop its redrive mark.
+local function mark_done(K, S, off)
+  if off < S.pos then
+    redis.call('ZREM', K.redo, fmt(off))
+  elseif off == S.pos then
+    local p = off + 1
+    while redis.call('SREM', K.done, fmt(p)) == 1 do p = p + 1 end
+    S.pos = p
+    S.dirty = true
+  else
+    redis.call('SADD', K.done, fmt(off))
+  end
+end
+
+-- True when a delivered record (off < S.next) is finished.
+local function is_finished(K, S, m, off)
+  if off < S.pos then return redis.call('ZSCORE', K.redo, m) == false end
+  return redis.call('SISMEMBER', K.done, m) == 1
+end
+
+-- Finishes record off: drops its lease or owed entry, attempts and owner.
+local function finish(K, S, off)
+  local m = fmt(off)
+  if redis.call('ZREM', K.lease, m) == 0 then redis.call('ZREM', K.owed, m) end
+  redis.call('HDEL', K.attempts, m)
+  release_owner(K, S, m)
+  mark_done(K, S, off)
+end
+
+-- Records a dead letter (a pointer: attempts, time, reason) and finishes the record.
+local function dead_letter(K, S, off, attempts, reason, now)
+  redis.call('HSET', K.dead, fmt(off), fmt(attempts) .. '|' .. fmt(now) .. '|' .. reason)
+  finish(K, S, off)
+end
+
+-- Records in [a, b] that retention trimmed before they were delivered: counted, finished.
+local function skip_trimmed(K, S, a, b)
+  for off = a, b do mark_done(K, S, off) end
+  S.trimmed = S.trimmed + (b - a + 1)
+  S.dirty = true
+end
+
+-- The claim (off, attempts) must be current: record in flight, same attempts, lease
+-- not lapsed. Returns the record's member string; fails STALE_CLAIM otherwise.
+local function check_claim(K, S, off, attempts, now)
+  local m = fmt(off)
+  if off >= S.tail then
+    fail('NOT_FOUND', 'offset ' .. m .. ' does not exist (the tail is ' .. fmt(S.tail) .. ')')
+  end
+  local expiry = redis.call('ZSCORE', K.lease, m)
+  if not expiry then
+    if off >= S.next then fail('STALE_CLAIM', 'record ' .. m .. ' has not been delivered') end
+    if is_finished(K, S, m, off) then fail('STALE_CLAIM', 'record ' .. m .. ' is already finished') end
+    fail('STALE_CLAIM', 'record ' .. m .. ' is not in flight (its lease lapsed or it was nacked)')
+  end
+  local current = tonumber(redis.call('HGET', K.attempts, m))
+  if current ~= attempts then
+    fail('STALE_CLAIM', 'claim ' .. m .. ':' .. fmt(attempts) .. ' is stale: the record was '
+      .. 'delivered again (attempts now ' .. fmt(current or 0) .. ')')
+  end
+  if tonumber(expiry) <= now then
+    fail('STALE_CLAIM', 'the lease on record ' .. m .. ' lapsed')
+  end
+  return m
+end
+
+-- Earliest time (ms) an owed record or a lease falls due, or -1 when none.
+local function next_due(K)
+  local due = -1
+  local o = redis.call('ZRANGE', K.owed, 0, 0, 'WITHSCORES')
+  if #o > 0 then due = tonumber(o[2]) end
+  local l = redis.call('ZRANGE', K.lease, 0, 0, 'WITHSCORES')
+  if #l > 0 and (due < 0 or tonumber(l[2]) < due) then due = tonumber(l[2]) end
+  return due
+end

@@ -1,0 +1,54 @@
+-- prelude: put in front of every script by the loader (felix_redis/scripts.py).
+-- Errors are raised as {felix = 'FELIX_<CODE> <message>'} and turned into an error
+-- reply by the loader's epilogue, so they work the same on Redis and on fakeredis.
+
+local function fail(code, message)
+  error({felix = 'FELIX_' .. code .. ' ' .. message}, 0)
+end
+
+-- An integer as a decimal string (tostring would give 1e+15).
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- Milliseconds since the epoch, from the Redis server's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A decimal integer argument within [lo, hi]; anything else fails with INVALID.
+local function int_arg(value, what, lo, hi)
+  if type(value) ~= 'string' or #value > 16 or not string.match(value, '^%-?%d+$') then
+    fail('INVALID', what .. ' must be an integer, got ' .. string.sub(tostring(value), 1, 40))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    fail('INVALID', what .. ' must be between ' .. fmt(lo) .. ' and ' .. fmt(hi) .. ', got ' .. value)
+  end
+  return n
+end
+
+-- Fails with WRONGTYPE unless key is missing or holds the wanted type.
+local function expect_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then
+    fail('WRONGTYPE', 'key ' .. key .. ' holds a ' .. t .. ' where felix-redis keeps a ' .. want
+      .. '; another application wrote it')
+  end
+end
+
+-- Offset and publish time (ms) from a log entry ID 'OFFSET-MS'.
+local function parse_id(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), string.sub(id, dash + 1)
+end
+
+-- Payload and key (false when none) of a log entry's field list.
+local function entry_fields(fields)
+  local payload, key = '', false
+  for i = 1, #fields, 2 do
+    if fields[i] == 'p' then payload = fields[i + 1] elseif fields[i] == 'k' then key = fields[i + 1] end
+  end
+  return payload, key
+end

@@ -1,0 +1,51 @@
+-- stream_create: create one shard of a stream, or confirm it exists with the same settings.
+-- Safe to run twice: a shard that exists with identical settings is left as it is.
+--
+-- KEYS[1] meta         hash: the shard's settings, tail (next offset) and first offset
+-- KEYS[2] log          stream: the records, entry ID OFFSET-PUBLISHMS
+-- ARGV[1] kind         'queue' or 'stream'
+-- ARGV[2] shards       integer 1..1024, shard count of the stream
+-- ARGV[3] shard        integer 0..shards-1, this shard
+-- ARGV[4] replication  integer 1..16, copies including the primary
+-- ARGV[5] consistency  'leader', 'quorum' or 'all'
+-- ARGV[6] max_len      integer >= 0, retention: records kept per shard (0: unbounded)
+-- ARGV[7] max_age      integer >= 0, retention: seconds a record is kept (0: unbounded)
+-- ARGV[8] max_payload  integer 1..536870912, bytes
+-- ARGV[9] name         'tenant/namespace/stream', for display
+--
+-- Returns: 1 when created, 0 when it existed with the same settings.
+-- Errors: FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
+-- settings; names the first that differs), FELIX_WRONGTYPE.
+local kind, consistency = ARGV[1], ARGV[5]
+if kind ~= 'queue' and kind ~= 'stream' then fail('INVALID', "kind must be 'queue' or 'stream'") end
+local shards = int_arg(ARGV[2], 'shards', 1, 1024)
+local shard = int_arg(ARGV[3], 'shard', 0, shards - 1)
+local replication = int_arg(ARGV[4], 'replication', 1, 16)
+if consistency ~= 'leader' and consistency ~= 'quorum' and consistency ~= 'all' then
+  fail('INVALID', "consistency must be 'leader', 'quorum' or 'all'")
+end
+int_arg(ARGV[6], 'retention_max_len', 0, 2 ^ 52)
+int_arg(ARGV[7], 'retention_max_age', 0, 2 ^ 52)
+int_arg(ARGV[8], 'max_payload', 1, 536870912)
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'stream')
+
+local settings = {'kind', kind, 'shards', ARGV[2], 'shard', ARGV[3], 'replication', ARGV[4],
+  'consistency', consistency, 'max_len', ARGV[6], 'max_age', ARGV[7], 'max_payload', ARGV[8],
+  'name', ARGV[9]}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  for i = 1, #settings, 2 do
+    local have = redis.call('HGET', KEYS[1], settings[i])
+    if have ~= settings[i + 1] then
+      fail('STREAM_EXISTS', 'stream exists with ' .. settings[i] .. '=' .. tostring(have)
+        .. ', not ' .. settings[i + 1])
+    end
+  end
+  return 0
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  fail('WRONGTYPE', 'key ' .. KEYS[2] .. ' exists without stream settings; another application wrote it')
+end
+local created = fmt(now_ms())
+redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0', 'created', created, unpack(settings))
+return 1

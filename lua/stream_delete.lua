@@ -1,0 +1,26 @@
+-- stream_delete: delete one shard of a stream with all its groups and records.
+-- The caller lists the shard's groups (SMEMBERS groups) and passes their keys; the
+-- script refuses if that list is out of date, so no group key is left behind.
+--
+-- KEYS[1] meta      hash: the shard's settings
+-- KEYS[2] log       stream: the records
+-- KEYS[3] groups    set: names of the groups on this shard
+-- KEYS[4..] group keys, 10 per group in felix_redis.keys.GROUP_ROLES order
+-- ARGV[1] count     integer, number of groups passed
+-- ARGV[2..] names   the group names, in the order of their keys
+--
+-- Returns: 1 when deleted, 0 when the shard did not exist (safe to run twice).
+-- Errors: FELIX_INVALID (arguments do not match), FELIX_CONFLICT (the group list changed
+-- since the caller read it: read again and retry), FELIX_WRONGTYPE.
+local count = int_arg(ARGV[1], 'group count', 0, 100000)
+if #ARGV ~= count + 1 or #KEYS ~= 3 + 10 * count then fail('INVALID', 'group keys do not match the count') end
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'stream')
+expect_type(KEYS[3], 'set')
+if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
+for i = 1, count do
+  if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then fail('CONFLICT', 'the groups changed; retry') end
+end
+local existed = redis.call('EXISTS', KEYS[1])
+for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+return existed

@@ -1,0 +1,29 @@
+-- stream_read: read records from one shard in offset order, for subscribers and replay.
+-- Independent of groups. Writes nothing.
+--
+-- KEYS[1] meta    hash: tail, first
+-- KEYS[2] log     stream: the records
+-- ARGV[1] from    integer >= 0, first offset wanted
+-- ARGV[2] count   integer 1..10000, most records returned
+--
+-- Returns: {tail, first offset still in the log, n, then n times: offset, publish ms,
+-- key (nil when none), payload}.
+-- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID, FELIX_WRONGTYPE.
+local from = int_arg(ARGV[1], 'from offset', 0, 2 ^ 52)
+local count = int_arg(ARGV[2], 'count', 1, 10000)
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'stream')
+local m = redis.call('HMGET', KEYS[1], 'tail', 'first')
+if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+local out = {tonumber(m[1]), tonumber(m[2]), 0}
+local entries = redis.call('XRANGE', KEYS[2], fmt(from), '+', 'COUNT', count)
+for _, e in ipairs(entries) do
+  local off, ms = parse_id(e[1])
+  local payload, key = entry_fields(e[2])
+  out[#out + 1] = off
+  out[#out + 1] = ms
+  out[#out + 1] = key
+  out[#out + 1] = payload
+end
+out[3] = #entries
+return out
