@@ -476,6 +476,10 @@ class Item:
         return f"Item({self.record!r})"
 
 
+def _record(item: Item | Record) -> Record:
+    return item.record if isinstance(item, Item) else item
+
+
 class ShardedGroup:
     """One group across all shards of a stream: fair polling, settles routed by shard."""
 
@@ -503,14 +507,14 @@ class ShardedGroup:
         return [Item(r) for r in records]
 
     def ack(self, item: Item | Record) -> bool:
-        r = getattr(item, "record", item)
+        r = _record(item)
         return self._client.group_ack(*self._where(), r.shard, self.group, r)
 
     def ack_many(self, items: Iterable[Item | Record]) -> int:
         """Acks items, one script call per shard; returns how many were acked now."""
         by_shard: dict[int, list[Record]] = {}
         for item in items:
-            r = getattr(item, "record", item)
+            r = _record(item)
             by_shard.setdefault(r.shard, []).append(r)
         done = 0
         for shard, records in by_shard.items():
@@ -518,18 +522,18 @@ class ShardedGroup:
         return done
 
     def nack(self, item: Item | Record, delay: float = 0.0) -> bool:
-        r = getattr(item, "record", item)
+        r = _record(item)
         return self._client.group_nack(*self._where(), r.shard, self.group, r, delay)
 
     def nack_after(self, item: Item | Record, seconds: float) -> bool:
         return self.nack(item, seconds)
 
     def extend(self, item: Item | Record, by: float | None = None) -> int:
-        r = getattr(item, "record", item)
+        r = _record(item)
         return self._client.group_extend(*self._where(), r.shard, self.group, r, by)
 
     def dead_letter(self, item: Item | Record, reason: str = "") -> None:
-        r = getattr(item, "record", item)
+        r = _record(item)
         self._client.group_dead_letter(*self._where(), r.shard, self.group, r, reason)
 
 

@@ -144,12 +144,12 @@ def sync_client(url: str) -> Any:
         sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
         if "sentinel_password" in parsed.options:
             sentinel_kwargs["password"] = parsed.options["sentinel_password"]
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)
-        return sentinel.master_for(parsed.service, db=parsed.db)
+        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
     if "cluster" in parsed.scheme:
         from redis.cluster import ClusterNode, RedisCluster
 
-        nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
+        nodes = [ClusterNode(h, p) for h, p in parsed.hosts]  # type: ignore[no-untyped-call]
         return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
     return redis.Redis.from_url(url)
 
@@ -168,7 +168,7 @@ def async_client(url: str) -> Any:
 
         kwargs = _conn_kwargs(parsed)
         sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)
+        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parsed.service, db=parsed.db)
     if "cluster" in parsed.scheme:
         from redis.asyncio.cluster import ClusterNode, RedisCluster

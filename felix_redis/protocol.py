@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from felix_redis import constants as C
 from felix_redis.errors import (
@@ -102,7 +102,7 @@ class Sleep:
         self.seconds = seconds
 
 
-Op = Union[Eval, Cmd, BlockAny, Sleep]
+Op = Eval | Cmd | BlockAny | Sleep
 Plan = Generator[Op, Any, T]
 
 
@@ -606,7 +606,7 @@ class Core:
             check_name(consumer, "consumer")
         elif reclaim:
             raise InvalidArgument("reclaim needs a consumer name")
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         deadline = time.monotonic() + wait_ms / 1000
         args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
@@ -690,7 +690,7 @@ class Core:
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
     ) -> Plan[list[bool]]:
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         offsets = [resolve(ref, shard, need_attempts=False).offset for ref in refs]
         if not offsets:
@@ -705,7 +705,7 @@ class Core:
         delay: float = 0.0,
     ) -> Plan[bool]:
         delay_ms = seconds_to_ms(delay, "delay", 0, C.MAX_DELAY_MS)
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         target = resolve(ref, shard, need_attempts=True)
         reply = yield Eval(
@@ -718,7 +718,7 @@ class Core:
         by: float | None = None,
     ) -> Plan[int]:
         by_ms: Any = "" if by is None else seconds_to_ms(by, "by", 1, C.MAX_DELAY_MS)
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         target = resolve(ref, shard, need_attempts=True)
         reply = yield Eval(
@@ -735,7 +735,7 @@ class Core:
         raw = reason.encode("utf-8")
         if len(raw) > C.MAX_REASON_BYTES:
             raise InvalidArgument(f"reason is {len(raw)} bytes; at most {C.MAX_REASON_BYTES}")
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         target = resolve(ref, shard, need_attempts=True)
         yield Eval(
@@ -746,7 +746,7 @@ class Core:
     def group_dead_letters(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str
     ) -> Plan[list[DeadLetter]]:
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, _settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         reply = yield Eval("group_dead_letters", keys, [], context)
         out = []
@@ -760,7 +760,7 @@ class Core:
         self, script: str, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offsets: Iterable[object] | None,
     ) -> Plan[int]:
-        name, settings, shard, keys, context = yield from self._group_op(
+        _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         if offsets is not None:
             chosen = [resolve(ref, shard, need_attempts=False).offset for ref in offsets]

@@ -1,0 +1,147 @@
+"""Fixtures: a private redis-server per test session, the memory:// backend, and
+keyspace dumps to prove that refused calls change nothing.
+
+Where the Redis comes from, in order: ``--redis-url`` / ``$FELIX_TEST_REDIS_URL``; a
+private ``redis-server`` on a free loopback port; a testcontainers Redis when a Docker
+engine answers. Tests flush their database before they run, so never point the
+option at a Redis whose data you need.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import felix_redis
+from felix_redis.testing.server import RedisServer, redis_server_binary
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--redis-url",
+        default=os.environ.get("FELIX_TEST_REDIS_URL"),
+        help="use this Redis (it is FLUSHED) instead of starting a private redis-server",
+    )
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a Redis the tests own."""
+    url = request.config.getoption("--redis-url")
+    if url:
+        yield url
+        return
+    if redis_server_binary():
+        with RedisServer() as server:
+            yield server.url
+        return
+    if shutil.which("docker"):
+        try:
+            from testcontainers.redis import RedisContainer
+
+            with RedisContainer("redis:7.0") as container:
+                host = container.get_container_host_ip()
+                port = container.get_exposed_port(6379)
+                yield f"redis://{host}:{port}/0"
+                return
+        except Exception as exc:  # no engine behind the docker CLI
+            pytest.fail(f"no redis-server binary and no usable Docker engine: {exc}")
+    pytest.fail("no redis-server binary on PATH and no Docker engine; install redis-server")
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain redis-py client on the test Redis, flushed before the test."""
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    yield r
+    r.close()
+
+
+_memory_names = itertools.count()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, redis_url: str) -> Iterator[tuple[str, Any]]:
+    """(url, raw client) of a fresh, empty backend: the real Redis or memory://."""
+    if request.param == "redis":
+        r = redis.Redis.from_url(redis_url)
+        r.flushall()
+        yield redis_url, r
+        r.close()
+    else:
+        url = f"memory://test-{os.getpid()}-{next(_memory_names)}"
+        client = felix_redis.connect(url)
+        yield url, client.redis
+
+
+@pytest.fixture
+def client(backend: tuple[str, Any]) -> Iterator[felix_redis.Client]:
+    """A felix_redis.Client on each backend (real Redis and memory://)."""
+    c = felix_redis.connect(backend[0])
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def redis_client(raw: redis.Redis, redis_url: str) -> Iterator[felix_redis.Client]:
+    """A felix_redis.Client on the real Redis only."""
+    c = felix_redis.connect(redis_url)
+    yield c
+    c.close()
+
+
+def dump_keyspace(r: Any) -> dict[bytes, Any]:
+    """Every key with its type, contents and TTL, comparable with ==."""
+    out: dict[bytes, Any] = {}
+    for key in sorted(r.keys("*")):
+        kind = r.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "string":
+            value: Any = r.get(key)
+        elif kind == "hash":
+            value = sorted(r.hgetall(key).items())
+        elif kind == "zset":
+            value = r.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            value = sorted(r.smembers(key))
+        elif kind == "list":
+            value = r.lrange(key, 0, -1)
+        elif kind == "stream":
+            value = r.xrange(key)
+        else:
+            value = None
+        out[key] = (kind, value, r.ttl(key) > 0)
+    return out
+
+
+@pytest.fixture
+def unchanged(backend: tuple[str, Any]) -> Callable[[], Any]:
+    """``with unchanged():`` fails if the block changes any key."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def check() -> Iterator[None]:
+        before = dump_keyspace(backend[1])
+        yield
+        after = dump_keyspace(backend[1])
+        assert after == before, "the keyspace changed"
+
+    return check
+
+
+T, N, S = "acme", "prod", "jobs"
+
+
+@pytest.fixture
+def stream(client: felix_redis.Client) -> felix_redis.Client:
+    """A one-shard queue acme/prod/jobs with group ``workers`` (vt 30 s, 5 attempts)."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, "workers")
+    return client
