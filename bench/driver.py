@@ -72,13 +72,14 @@ def _drive(name: str, cfg: Config, repeat: int, out: Connection) -> None:
                     out.send(("sample", scenario.name, asdict(sample)))
         system.reset()
     finally:
-        system.close()
+        try:
+            system.close()
+        except Exception:
+            traceback.print_exc()
         out.send(("end",))
 
 
-def run_system(
-    name: str, cfg: Config, repeat: int, progress: Callable[[str], None]
-) -> list[Outcome]:
+def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], None]) -> list[Outcome]:
     """Run one system in a driver process; returns one :class:`Outcome` per scenario."""
     recv, send = CTX.Pipe(duplex=False)
     proc = CTX.Process(target=_drive, args=(name, cfg, repeat, send), name=f"bench-{name}")
@@ -110,9 +111,7 @@ def run_system(
             elif kind == "sample":
                 sample = Sample(**event[2])
                 outcomes[event[1]].samples.append(sample)
-                progress(
-                    f"{name} {event[1]}: {describe(sample)} in {time.monotonic() - started:.1f}s"
-                )
+                progress(f"{name} {event[1]}: {describe(sample)} in {time.monotonic() - started:.1f}s")
             elif kind in ("unavailable", "failed"):
                 status = kind
                 if not event[1]:

@@ -1,4 +1,7 @@
-"""Turn outcomes into rows: best of N, ratio to the floor, a table, JSON and a chart."""
+"""Turn outcomes into rows: best of N, ratio to the floor, a table, JSON and a chart.
+
+``python -m bench.report RESULTS.json`` prints a saved run as a Markdown table.
+"""
 
 from __future__ import annotations
 
@@ -55,10 +58,7 @@ def _row(o: Outcome) -> Row:
         best = min(runs, key=lambda r: r["p50_ms"])
         row.update(best)
     else:
-        runs = [
-            {"jobs": s.jobs, "seconds": round(s.seconds, 4), "rate": round(s.rate, 1), **s.info}
-            for s in o.samples
-        ]
+        runs = [{"jobs": s.jobs, "seconds": round(s.seconds, 4), "rate": round(s.rate, 1), **s.info} for s in o.samples]
         best = max(runs, key=lambda r: r["rate"])
         row.update(jobs=best["jobs"], seconds=best["seconds"], rate=best["rate"])
     row["runs"] = runs
@@ -145,11 +145,7 @@ def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
             ax.legend(loc="lower right", fontsize=7)
         else:
             colors = [
-                "#888888"
-                if r["system"] == FLOOR
-                else "#d62728"
-                if r["system"].startswith("felix")
-                else "#1f77b4"
+                "#888888" if r["system"] == FLOOR else "#d62728" if r["system"].startswith("felix") else "#1f77b4"
                 for r in items
             ]
             ax.barh(list(ys), [r["rate"] for r in items], color=colors)
@@ -169,3 +165,18 @@ def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the Markdown table of a saved results file."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m bench.report RESULTS.json", file=sys.stderr)
+        return 2
+    data = json.loads(Path(args[0]).read_text())
+    print(markdown(data["results"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -42,9 +42,7 @@ class Dramatiq(RedisSystem):
         import dramatiq
 
         actor = _actor(self.cfg.redis_url)
-        worker = dramatiq.Worker(
-            actor.broker, worker_threads=self.cfg.concurrency, worker_timeout=100
-        )
+        worker = dramatiq.Worker(actor.broker, worker_threads=self.cfg.concurrency, worker_timeout=100)
         ctx.wait_go()
         worker.start()
         while not ctx.stopping:

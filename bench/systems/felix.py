@@ -52,7 +52,8 @@ def _need(obj: Any, *names: str) -> None:
     """Raise :class:`Unavailable` unless ``obj`` has every attribute in ``names``."""
     missing = [n for n in names if not hasattr(obj, n)]
     if missing:
-        raise Unavailable(f"{type(obj).__name__} has no {', '.join(missing)}")
+        owner = getattr(obj, "__name__", type(obj).__name__)
+        raise Unavailable(f"{owner} has no {', '.join(missing)} yet")
 
 
 def _sent(item: Any) -> float:
@@ -201,13 +202,11 @@ class FelixSharded(Felix):
         batch = self.cfg.concurrency
         ctx.wait_go()
         while not ctx.stopping:
-            items = group.poll(batch)
+            items = group.poll(batch, wait=WAIT_S)
             for item in items:
                 job(_sent(item))
             if items:
                 group.ack_many(items)
-            else:
-                time.sleep(0.001)
 
 
 class FelixWorker(Felix):
@@ -233,8 +232,6 @@ class FelixWorker(Felix):
         def handler(record: Any) -> None:
             job(_sent(record))
 
-        runtime = felix_redis.Worker(
-            client, *NAME, GROUP, handler, concurrency=self.cfg.concurrency
-        )
+        runtime = felix_redis.Worker(client, *NAME, GROUP, handler, concurrency=self.cfg.concurrency)
         ctx.wait_go()
         runtime.run()

@@ -15,9 +15,7 @@ def _worker(url: str, concurrency: int) -> tuple[Any, Any]:
     """A streaq worker object (also the producer's client) and its no-op task."""
     import streaq
 
-    worker = streaq.Worker(
-        redis_url=url, queue_name=QUEUE, concurrency=concurrency, handle_signals=False
-    )
+    worker = streaq.Worker(redis_url=url, queue_name=QUEUE, concurrency=concurrency, handle_signals=False)
 
     @worker.task(name="noop", max_tries=1)
     async def noop(sent: float) -> None:
