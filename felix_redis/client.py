@@ -4,9 +4,8 @@ executes its plans on a redis-py connection."""
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,7 +25,7 @@ from felix_redis.errors import (
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import BlockAny, Cmd, Core, Eval, Op, Plan, ProducerState, as_bytes
 
-__all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "connect"]
+__all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
 T = TypeVar("T")
 
@@ -84,7 +83,6 @@ class Client:
             name: redis_client.register_script(src.source)
             for name, src in scripts.load_all().items()
         }
-        self._local = threading.local()
 
     # -- driver
 
@@ -142,12 +140,6 @@ class Client:
         if int(acked) < op.replicas:
             raise not_replicated(op, int(acked), timeout)
         return result
-
-    def _producer(self) -> ProducerState:
-        state: ProducerState | None = getattr(self._local, "producer", None)
-        if state is None:
-            state = self._local.producer = ProducerState()
-        return state
 
     def close(self) -> None:
         self.redis.close()
@@ -223,14 +215,7 @@ class Client:
     ) -> list[Published]:
         """Appends many records to one shard atomically (one script call)."""
         raw = [as_bytes(p) for p in payloads]
-        if not self.core.idempotent_publish:
-            plan = self.core.publish(tenant, namespace, stream, raw, shard, key, None)
-            s, first, count = self._drive(plan)
-        else:
-            state = self._producer()
-            with state.lock:
-                s, first, count = self._drive(
-                    self.core.publish(tenant, namespace, stream, raw, shard, key, state))
+        s, first, count = self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
         return [Published(s, first + i) for i in range(count)]
 
     def idempotent_producer(self) -> IdempotentProducer:
@@ -377,6 +362,22 @@ class Client:
         """Records of one shard from offset ``start`` on (attempts 0); group-independent."""
         return self._drive(self.core.read(tenant, namespace, stream, shard, start, count))[0]
 
+    def subscribe(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        start: str | int | dict[int, int] = "earliest",
+        shards: Iterable[int] | None = None,
+        *,
+        batch: int = 100,
+        block: float = 5.0,
+    ) -> Subscription:
+        """Iterates the stream's records in offset order per shard and blocks for new
+        ones; independent of groups (an audit trail, a replay, a second consumer).
+        ``start``: 'earliest', 'latest', one offset for every shard, or {shard: offset}."""
+        return Subscription(self, tenant, namespace, stream, start, shards, batch, block)
+
 
 def _xread(points: list[tuple[str, str]], block_ms: int) -> list[Any]:
     return ["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS",
@@ -403,6 +404,35 @@ def _describe(raw: Any) -> str:
         return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
     except AttributeError:
         return type(raw).__name__
+
+
+class Subscription:
+    """An iterator over a stream's records; ``positions`` says where it stands."""
+
+    def __init__(
+        self, client: Client, tenant: str, namespace: str, stream: str, start: object,
+        shards: Iterable[int] | None, batch: int, block: float,
+    ) -> None:
+        self._client = client
+        self._where = (tenant, namespace, stream)
+        self._batch = batch
+        self._block_ms = max(1, int(block * 1000))
+        self._closed = False
+        self.positions: dict[int, int] = client._drive(
+            client.core.subscribe_start(tenant, namespace, stream, start, shards))
+
+    def poll(self, block: float | None = None) -> list[Record]:
+        """The next records, waiting up to ``block`` seconds (default: the subscription's)."""
+        block_ms = self._block_ms if block is None else int(block * 1000)
+        return self._client._drive(self._client.core.subscribe_step(
+            *self._where, self.positions, self._batch, block_ms))
+
+    def __iter__(self) -> Iterator[Record]:
+        while not self._closed:
+            yield from self.poll()
+
+    def close(self) -> None:
+        self._closed = True
 
 
 class IdempotentProducer:

@@ -206,6 +206,23 @@ class ProducerState:
         self.sequences.clear()
 
 
+class ProducerPool:
+    """Producers for plain publishes: each concurrent caller borrows its own, so one
+    producer's sequences reach a shard in order without serialising the callers."""
+
+    def __init__(self) -> None:
+        self._free: list[ProducerState] = []
+
+    def acquire(self) -> ProducerState:
+        try:
+            return self._free.pop()
+        except IndexError:
+            return ProducerState()
+
+    def release(self, state: ProducerState) -> None:
+        self._free.append(state)
+
+
 class Target:
     """A resolved record reference: shard, offset and (for claims) attempts."""
 
@@ -258,6 +275,7 @@ class Core:
         self.idempotent_publish = idempotent_publish
         self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
         self._settings: dict[str, StreamSettings] = {}
+        self.producers = ProducerPool()
         self._round_robin = itertools.count(random.randrange(1 << 16))
 
     # -- names and settings
@@ -429,6 +447,25 @@ class Core:
 
     # -- publishing
 
+    def publish_plain(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        payloads: Sequence[bytes],
+        shard: int | None,
+        key: object,
+    ) -> Plan[tuple[int, int, int]]:
+        """A plain publish: idempotent under retries through a borrowed producer unless
+        the client was made with ``idempotent_publish=False``."""
+        if not self.idempotent_publish:
+            return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, None))
+        state = self.producers.acquire()
+        try:
+            return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
+        finally:
+            self.producers.release(state)
+
     def choose_shard(self, settings: StreamSettings, shard: int | None, key: bytes | None) -> int:
         if key is not None and shard is None:
             return shard_for_key(key, settings.shards)
@@ -465,8 +502,8 @@ class Core:
                 context, settings.replicas,
             )
             return shard, int(reply[0]), int(reply[1])
-        # The caller holds the producer's lock for the whole plan: sequences of one
-        # producer reach a shard in order.
+        # One plan at a time per producer (the caller holds its lock, or borrowed it
+        # from the pool): its sequences reach a shard in order.
         if producer.producer_id is None:
             producer.producer_id = int((yield self.new_producer_id()))
         pid = producer.producer_id
@@ -828,6 +865,64 @@ class Core:
             f"stream {name.path} shard {shard}",
         )
         return parse_records(reply, 3, int(reply[2]), shard, False), int(reply[0]), int(reply[1])
+
+    def subscribe_start(
+        self, tenant: str, namespace: str, stream: str, start: object, shards: Iterable[int] | None
+    ) -> Plan[dict[int, int]]:
+        """Where a subscriber starts on each shard: {shard: next offset to read}."""
+        name = self.name(tenant, namespace, stream)
+        settings = yield from self.settings(name)
+        chosen = list(range(settings.shards)) if shards is None else [
+            self.shard_of(name, settings, s) for s in shards]
+        if not chosen:
+            raise InvalidArgument("subscribe needs at least one shard")
+        cursors: dict[int, int] = {}
+        for shard in chosen:
+            if isinstance(start, dict):
+                if shard not in start:
+                    raise InvalidArgument(f"start has no offset for shard {shard}")
+                cursors[shard] = check_int(start[shard], f"start offset of shard {shard}", 0, 2**52)
+            elif isinstance(start, int) and not isinstance(start, bool):
+                cursors[shard] = check_int(start, "start offset", 0, 2**52)
+            elif start in C.STARTS:
+                reply = yield Eval(
+                    "stream_info", [*name.shard_keys(shard), name.groups_key(shard)], [],
+                    f"stream {name.path} shard {shard}",
+                )
+                first, tail = _stream_tails(reply)
+                cursors[shard] = first if start == "earliest" else tail
+            else:
+                raise InvalidArgument(
+                    f"start must be 'earliest', 'latest', an offset or {{shard: offset}}, got {start!r}")
+        return cursors
+
+    def subscribe_step(
+        self, tenant: str, namespace: str, stream: str, cursors: dict[int, int], batch: int,
+        block_ms: int,
+    ) -> Plan[list[Record]]:
+        """The next records after ``cursors`` (advanced in place), in offset order per
+        shard; blocks up to ``block_ms`` for new ones when there are none."""
+        name = self.name(tenant, namespace, stream)
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            out: list[Record] = []
+            points: list[tuple[str, str]] = []
+            for shard, start in cursors.items():
+                records, tail, _first = yield from self.read(tenant, namespace, stream, shard, start, batch)
+                if records:
+                    cursors[shard] = records[-1].offset + 1
+                    out += records
+                else:
+                    points.append((name.shard_keys(shard)[1], f"{max(tail, start)}-0"))
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if out or left_ms <= 0:
+                return out
+            yield BlockAny(points, left_ms, f"stream {name.path}")
+
+
+def _stream_tails(reply: list[Any]) -> tuple[int, int]:
+    meta = _pairs(reply[0])
+    return int(meta["first"]), int(meta["tail"])
 
 
 def wake_points(keys: list[str], reply: list[Any]) -> list[tuple[str, str]]:

@@ -685,7 +685,25 @@ class ClusterTopology(_Topology):
         else:
             with _client(replicas[0], timeout=5.0) as conn:
                 conn.execute_command("CLUSTER FAILOVER")
-        return self.wait_for_promotion(primary_port, timeout)
+        new = self.wait_for_promotion(primary_port, timeout)
+        if not hard:
+            self._wait_attached(primary_port, new, timeout)
+        return new
+
+    def _wait_attached(self, replica_port: int, primary_port: int, timeout: float) -> None:
+        """Wait until every live node sees ``replica_port`` as a replica of ``primary_port``."""
+
+        def attached() -> bool:
+            for via in (p for p in self.ports if self.alive(p)):
+                rows = self.cluster_nodes(via)
+                ids = {int(r["port"]): r["id"] for r in rows}
+                row = next(r for r in rows if int(r["port"]) == replica_port)
+                if row["role"] != "replica" or row["primary_id"] != ids[primary_port]:
+                    return False
+            repl = _info(replica_port, "replication")
+            return repl.get("master_link_status") == "up"
+
+        _wait_until(f"127.0.0.1:{replica_port} to follow {primary_port}", attached, timeout, 0.1)
 
 
 # --------------------------------------------------------------------------- CLI

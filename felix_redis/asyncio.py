@@ -1,0 +1,408 @@
+"""The asyncio client: the names of :class:`felix_redis.Client`, as coroutines.
+
+It runs the very plans of :mod:`felix_redis.protocol` on ``redis.asyncio``; only the
+driver differs from the sync client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from felix_redis import scripts
+from felix_redis.client import Item, _one, _record, _xread, check_raw_client, not_replicated, translate
+from felix_redis.connection import async_client, resolve_url
+from felix_redis.errors import FelixError, redact_url
+from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
+from felix_redis.protocol import BlockAny, Cmd, Core, Eval, Op, Plan, ProducerState, as_bytes
+
+__all__ = ["AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Item", "connect"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """Streams, groups and records on one Redis deployment, for asyncio code.
+
+    ``AsyncClient(redis_asyncio_client)`` wraps an existing ``redis.asyncio`` client;
+    :func:`connect` builds one from a URL.
+    """
+
+    def __init__(
+        self,
+        redis_client: Any,
+        *,
+        prefix: str = "felix",
+        idempotent_publish: bool = True,
+        url: str | None = None,
+    ) -> None:
+        check_raw_client(redis_client)
+        self.redis = redis_client
+        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish)
+        self.url = redact_url(url) if url else type(redis_client).__name__
+        self._scripts = {
+            name: redis_client.register_script(src.source)
+            for name, src in scripts.load_all().items()
+        }
+
+    # -- driver
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        try:
+            op = next(plan)
+            while True:
+                try:
+                    result = await self._execute(op)
+                except FelixError as exc:
+                    op = plan.throw(exc)
+                else:
+                    op = plan.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def _execute(self, op: Op) -> Any:
+        try:
+            if type(op) is Eval:
+                script = self._scripts[op.script]
+                if op.replicas:
+                    return await self._eval_and_wait(script, op)
+                return await script(keys=op.keys, args=op.args)
+            if type(op) is Cmd:
+                return await self.redis.execute_command(*op.args)
+            if type(op) is BlockAny:
+                return await self._block(op)
+            await asyncio.sleep(op.seconds)  # type: ignore[union-attr]
+            return None
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise translate(exc, op, self.url) from None
+
+    async def _block(self, op: BlockAny) -> Any:
+        by_slot: dict[int, list[tuple[str, str]]] = {}
+        keyslot = getattr(self.redis, "keyslot", None)
+        for key, last in op.streams:
+            by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
+        calls = [_xread(points, op.block_ms) for points in by_slot.values()]
+        if len(calls) == 1:
+            return await self.redis.execute_command(*calls[0])
+        # Redis Cluster: one blocking read per slot, at once; the first answer wins.
+        tasks = [asyncio.ensure_future(self.redis.execute_command(*args)) for args in calls]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(BaseException):
+                await task
+        return next(iter(done)).result()
+
+    async def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+        timeout = self.core.wait_timeout_ms
+        pipe = self.redis.pipeline(transaction=False)
+        await script(keys=op.keys, args=op.args, client=pipe)
+        pipe.execute_command("WAIT", op.replicas, timeout)
+        result, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(result, Exception):
+            raise result
+        if int(acked) < op.replicas:
+            raise not_replicated(op, int(acked), timeout)
+        return result
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- streams
+
+    async def stream_create(
+        self,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        kind: str = "queue",
+        shards: int = 1,
+        replication: int = 1,
+        consistency: str = "leader",
+        retention_max_len: int | None = None,
+        retention_max_age: int | None = None,
+        max_payload: int | None = None,
+    ) -> bool:
+        return await self._drive(self.core.stream_create(
+            tenant, namespace, stream, kind, shards, replication, consistency,
+            retention_max_len, retention_max_age, max_payload,
+        ))
+
+    async def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
+        return await self._drive(self.core.stream_describe(tenant, namespace, stream))
+
+    async def stream_list(
+        self, tenant: str | None = None, namespace: str | None = None
+    ) -> list[tuple[str, str, str]]:
+        return await self._drive(self.core.stream_list(tenant, namespace))
+
+    async def stream_delete(self, tenant: str, namespace: str, stream: str) -> None:
+        await self._drive(self.core.stream_delete(tenant, namespace, stream))
+
+    # -- publishing
+
+    async def publish(
+        self, tenant: str, namespace: str, stream: str, payload: bytes | str,
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> Published:
+        return (await self.publish_batch(tenant, namespace, stream, [payload], shard=shard, key=key))[0]
+
+    async def publish_keyed(
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+    ) -> Published:
+        return (await self.publish_batch(tenant, namespace, stream, [payload], key=key))[0]
+
+    async def publish_batch(
+        self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> list[Published]:
+        raw = [as_bytes(p) for p in payloads]
+        s, first, count = await self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
+        return [Published(s, first + i) for i in range(count)]
+
+    async def idempotent_producer(self) -> AsyncIdempotentProducer:
+        state = ProducerState()
+        state.producer_id = int(await self._drive(_one(self.core.new_producer_id())))
+        return AsyncIdempotentProducer(self, state)
+
+    # -- groups
+
+    async def group_create(
+        self, tenant: str, namespace: str, stream: str, group: str, start: str | int = "earliest",
+        visibility_timeout_ms: int | None = None, max_attempts: int | None = None,
+    ) -> None:
+        await self._drive(self.core.group_create(
+            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts))
+
+    async def group_configure(
+        self, tenant: str, namespace: str, stream: str, group: str,
+        visibility_timeout_ms: int | None = None, max_attempts: int | None = None,
+    ) -> None:
+        await self._drive(self.core.group_configure(
+            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts))
+
+    async def group_list(self, tenant: str, namespace: str, stream: str) -> list[str]:
+        return await self._drive(self.core.group_list(tenant, namespace, stream))
+
+    async def group_delete(self, tenant: str, namespace: str, stream: str, group: str) -> None:
+        await self._drive(self.core.group_delete(tenant, namespace, stream, group))
+
+    async def group_poll(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        max_records: int = 16, wait: float | None = None,
+    ) -> list[Record]:
+        return await self._drive(self.core.group_poll(
+            tenant, namespace, stream, shard, group, max_records, wait))
+
+    async def group_poll_as(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str, consumer: str,
+        reclaim: bool = True, max_records: int = 16, wait: float | None = None,
+    ) -> list[Record]:
+        return await self._drive(self.core.group_poll(
+            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim))
+
+    async def group_ack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offset: int | Record | str,
+    ) -> bool:
+        return (await self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, [offset])))[0]
+
+    async def group_ack_many(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | Record | str],
+    ) -> list[bool]:
+        return await self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
+
+    async def group_nack(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, delay: float = 0.0,
+    ) -> bool:
+        return await self._drive(self.core.group_nack(tenant, namespace, stream, shard, group, record, delay))
+
+    async def group_extend(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, by: float | None = None,
+    ) -> int:
+        return await self._drive(self.core.group_extend(tenant, namespace, stream, shard, group, record, by))
+
+    async def group_dead_letter(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        record: Record | str, reason: str = "",
+    ) -> None:
+        await self._drive(self.core.group_dead_letter(tenant, namespace, stream, shard, group, record, reason))
+
+    async def group_dead_letters(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str
+    ) -> list[DeadLetter]:
+        return await self._drive(self.core.group_dead_letters(tenant, namespace, stream, shard, group))
+
+    async def group_redrive(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | str] | None = None,
+    ) -> int:
+        return await self._drive(self.core.group_redrive(tenant, namespace, stream, shard, group, offsets))
+
+    async def group_discard(
+        self, tenant: str, namespace: str, stream: str, shard: int, group: str,
+        offsets: Iterable[int | str] | None = None,
+    ) -> int:
+        return await self._drive(self.core.group_discard(tenant, namespace, stream, shard, group, offsets))
+
+    async def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> GroupInfo:
+        return await self._drive(self.core.group_describe(tenant, namespace, stream, group))
+
+    def group_sharded(
+        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None
+    ) -> AsyncShardedGroup:
+        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer)
+
+    # -- reading
+
+    async def read(
+        self, tenant: str, namespace: str, stream: str, shard: int, start: int, count: int = 100
+    ) -> list[Record]:
+        return (await self._drive(self.core.read(tenant, namespace, stream, shard, start, count)))[0]
+
+    async def subscribe(
+        self, tenant: str, namespace: str, stream: str,
+        start: str | int | dict[int, int] = "earliest", shards: Iterable[int] | None = None,
+        *, batch: int = 100, block: float = 5.0,
+    ) -> AsyncSubscription:
+        positions = await self._drive(self.core.subscribe_start(tenant, namespace, stream, start, shards))
+        return AsyncSubscription(self, (tenant, namespace, stream), positions, batch, block)
+
+
+class AsyncSubscription:
+    """An async iterator over a stream's records; ``positions`` says where it stands."""
+
+    def __init__(
+        self, client: AsyncClient, where: tuple[str, str, str], positions: dict[int, int],
+        batch: int, block: float,
+    ) -> None:
+        self._client = client
+        self._where = where
+        self.positions = positions
+        self._batch = batch
+        self._block_ms = max(1, int(block * 1000))
+        self._closed = False
+
+    async def poll(self, block: float | None = None) -> list[Record]:
+        block_ms = self._block_ms if block is None else int(block * 1000)
+        return await self._client._drive(self._client.core.subscribe_step(
+            *self._where, self.positions, self._batch, block_ms))
+
+    async def __aiter__(self) -> AsyncIterator[Record]:
+        while not self._closed:
+            for record in await self.poll():
+                yield record
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class AsyncIdempotentProducer:
+    """The asyncio twin of :class:`felix_redis.IdempotentProducer`."""
+
+    def __init__(self, client: AsyncClient, state: ProducerState) -> None:
+        self._client = client
+        self._state = state
+        self._lock = asyncio.Lock()
+
+    @property
+    def id(self) -> int | None:
+        return self._state.producer_id
+
+    async def publish_batch(
+        self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> list[Published]:
+        raw = [as_bytes(p) for p in payloads]
+        async with self._lock:
+            s, first, count = await self._client._drive(self._client.core.publish(
+                tenant, namespace, stream, raw, shard, key, self._state))
+        return [Published(s, first + i) for i in range(count)]
+
+    async def publish(
+        self, tenant: str, namespace: str, stream: str, payload: bytes | str,
+        shard: int | None = None, key: str | bytes | None = None,
+    ) -> Published:
+        return (await self.publish_batch(tenant, namespace, stream, [payload], shard, key))[0]
+
+    async def publish_keyed(
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+    ) -> Published:
+        return (await self.publish_batch(tenant, namespace, stream, [payload], key=key))[0]
+
+
+class AsyncShardedGroup:
+    """The asyncio twin of :class:`felix_redis.ShardedGroup`."""
+
+    def __init__(
+        self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,
+        consumer: str | None = None,
+    ) -> None:
+        self._client = client
+        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
+        self.consumer = consumer
+        self._cursor = 0
+        self._reclaimed: set[int] = set()
+
+    def _where(self) -> tuple[str, str, str]:
+        return self.tenant, self.namespace, self.stream
+
+    async def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
+        plan = self._client.core.sharded_poll(
+            self.tenant, self.namespace, self.stream, self.group, max_records, wait,
+            self.consumer, self._reclaimed, self._cursor,
+        )
+        records, self._cursor = await self._client._drive(plan)
+        return [Item(r) for r in records]
+
+    async def ack(self, item: Item | Record) -> bool:
+        r = _record(item)
+        return await self._client.group_ack(*self._where(), r.shard, self.group, r)
+
+    async def ack_many(self, items: Iterable[Item | Record]) -> int:
+        by_shard: dict[int, list[Record]] = {}
+        for item in items:
+            r = _record(item)
+            by_shard.setdefault(r.shard, []).append(r)
+        done = 0
+        for shard, records in by_shard.items():
+            done += sum(await self._client.group_ack_many(*self._where(), shard, self.group, records))
+        return done
+
+    async def nack(self, item: Item | Record, delay: float = 0.0) -> bool:
+        r = _record(item)
+        return await self._client.group_nack(*self._where(), r.shard, self.group, r, delay)
+
+    async def nack_after(self, item: Item | Record, seconds: float) -> bool:
+        return await self.nack(item, seconds)
+
+    async def extend(self, item: Item | Record, by: float | None = None) -> int:
+        r = _record(item)
+        return await self._client.group_extend(*self._where(), r.shard, self.group, r, by)
+
+    async def dead_letter(self, item: Item | Record, reason: str = "") -> None:
+        r = _record(item)
+        await self._client.group_dead_letter(*self._where(), r.shard, self.group, r, reason)
+
+
+def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> AsyncClient:
+    """An AsyncClient for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0).
+    Connecting happens lazily, on the first call."""
+    url = resolve_url(url)
+    return AsyncClient(async_client(url), prefix=prefix, url=url, **kwargs)
