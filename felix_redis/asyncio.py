@@ -17,10 +17,21 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
 from felix_redis.client import Item, _one, _record, _xread, check_raw_client, not_replicated, translate
-from felix_redis.connection import async_client, resolve_url
-from felix_redis.errors import FelixError, redact_url
+from felix_redis.connection import async_client, default_retry_for, resolve_url
+from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
-from felix_redis.protocol import BlockAny, Cmd, Core, Eval, Op, Plan, ProducerState, as_bytes
+from felix_redis.protocol import (
+    BlockAny,
+    Cmd,
+    Core,
+    Eval,
+    Op,
+    Plan,
+    ProducerState,
+    as_bytes,
+    retry_delays,
+    retry_safe,
+)
 
 __all__ = ["AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Item", "connect"]
 
@@ -40,11 +51,13 @@ class AsyncClient:
         *,
         prefix: str = "felix",
         idempotent_publish: bool = True,
+        retry_for: float = 2.0,
         url: str | None = None,
     ) -> None:
         check_raw_client(redis_client)
         self.redis = redis_client
-        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish)
+        self._cluster = hasattr(redis_client, "get_node_from_key")
+        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._scripts = {
             name: redis_client.register_script(src.source)
@@ -67,6 +80,22 @@ class AsyncClient:
             return stop.value  # type: ignore[no-any-return]
 
     async def _execute(self, op: Op) -> Any:
+        """Runs one op; retries it through a failover when it is safe to repeat."""
+        delays = None
+        while True:
+            try:
+                return await self._execute_once(op)
+            except ConnectionFailed:
+                if delays is None:
+                    if not retry_safe(op):
+                        raise
+                    delays = retry_delays(self.core.retry_for)
+                pause = next(delays, None)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+
+    async def _execute_once(self, op: Op) -> Any:
         try:
             if type(op) is Eval:
                 script = self._scripts[op.script]
@@ -74,6 +103,9 @@ class AsyncClient:
                     return await self._eval_and_wait(script, op)
                 return await script(keys=op.keys, args=op.args)
             if type(op) is Cmd:
+                if op.key is not None and self._cluster and op.args[0] == "INFO":
+                    node = self.redis.get_node_from_key(op.key)
+                    return await self.redis.execute_command(*op.args, target_nodes=node)
                 return await self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return await self._block(op)
@@ -101,11 +133,19 @@ class AsyncClient:
         return next(iter(done)).result()
 
     async def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+        """The script, then WAIT on the same connection (the node that took the write)."""
         timeout = self.core.wait_timeout_ms
-        pipe = self.redis.pipeline(transaction=False)
-        await script(keys=op.keys, args=op.args, client=pipe)
-        pipe.execute_command("WAIT", op.replicas, timeout)
-        result, acked = await pipe.execute(raise_on_error=False)
+        if self._cluster:
+            # redis.asyncio's cluster pipeline cannot route WAIT: run both on the node's
+            # own connection pool, one connection for the two.
+            node = self.redis.get_node_from_key(op.keys[0])
+            result = await script(keys=op.keys, args=op.args)
+            acked = await self.redis.execute_command("WAIT", op.replicas, timeout, target_nodes=node)
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            await script(keys=op.keys, args=op.args, client=pipe)
+            pipe.execute_command("WAIT", op.replicas, timeout)
+            result, acked = await pipe.execute(raise_on_error=False)
         if isinstance(result, Exception):
             raise result
         if int(acked) < op.replicas:
@@ -405,4 +445,5 @@ def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> 
     """An AsyncClient for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0).
     Connecting happens lazily, on the first call."""
     url = resolve_url(url)
+    kwargs.setdefault("retry_for", default_retry_for(url))
     return AsyncClient(async_client(url), prefix=prefix, url=url, **kwargs)

@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
-from felix_redis.connection import resolve_url, sync_client
+from felix_redis.connection import default_retry_for, resolve_url, sync_client
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
@@ -23,7 +23,19 @@ from felix_redis.errors import (
     redact_url,
 )
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
-from felix_redis.protocol import BlockAny, Cmd, Core, Eval, Op, Plan, ProducerState, as_bytes
+from felix_redis.protocol import (
+    TRANSIENT_ERRORS,
+    BlockAny,
+    Cmd,
+    Core,
+    Eval,
+    Op,
+    Plan,
+    ProducerState,
+    as_bytes,
+    retry_delays,
+    retry_safe,
+)
 
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
@@ -33,6 +45,8 @@ T = TypeVar("T")
 def translate(exc: Exception, op: Op, server: str) -> Exception:
     """A FelixError for a redis-py exception raised while running ``op``."""
     context = getattr(op, "context", "")
+    if isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_ERRORS):
+        return ConnectionFailed(f"{context}: Redis at {server} cannot take the call now: {exc}")
     if isinstance(exc, ResponseError):
         mapped = from_response(str(exc))
         if mapped is None:
@@ -73,11 +87,13 @@ class Client:
         *,
         prefix: str = "felix",
         idempotent_publish: bool = True,
+        retry_for: float = 2.0,
         url: str | None = None,
     ) -> None:
         check_raw_client(redis_client)
         self.redis = redis_client
-        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish)
+        self._cluster = hasattr(redis_client, "get_node_from_key")
+        self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else _describe(redis_client)
         self._scripts = {
             name: redis_client.register_script(src.source)
@@ -100,6 +116,22 @@ class Client:
             return stop.value  # type: ignore[no-any-return]
 
     def _execute(self, op: Op) -> Any:
+        """Runs one op; retries it through a failover when it is safe to repeat."""
+        delays = None
+        while True:
+            try:
+                return self._execute_once(op)
+            except ConnectionFailed:
+                if delays is None:
+                    if not retry_safe(op):
+                        raise
+                    delays = retry_delays(self.core.retry_for)
+                pause = next(delays, None)
+                if pause is None:
+                    raise
+                time.sleep(pause)
+
+    def _execute_once(self, op: Op) -> Any:
         try:
             if type(op) is Eval:
                 script = self._scripts[op.script]
@@ -107,6 +139,8 @@ class Client:
                     return self._eval_and_wait(script, op)
                 return script(keys=op.keys, args=op.args)
             if type(op) is Cmd:
+                if op.key is not None and self._cluster and op.args[0] == "INFO":
+                    return self.redis.get_node_from_key(op.key).redis_connection.execute_command(*op.args)
                 return self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return self._block(op)
@@ -130,8 +164,10 @@ class Client:
         return next(iter(done)).result()
 
     def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+        """The script, then WAIT on the same connection (the node that took the write)."""
         timeout = self.core.wait_timeout_ms
-        pipe = self.redis.pipeline(transaction=False)
+        target = self.redis.get_node_from_key(op.keys[0]).redis_connection if self._cluster else self.redis
+        pipe = target.pipeline(transaction=False)
         script(keys=op.keys, args=op.args, client=pipe)
         pipe.execute_command("WAIT", op.replicas, timeout)
         result, acked = pipe.execute(raise_on_error=False)
@@ -568,7 +604,13 @@ class ShardedGroup:
 
 
 def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> Client:
-    """A Client for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0)."""
+    """A Client for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0).
+
+    ``retry_for``: seconds an operation that is safe to repeat is retried through
+    connection failures (default 20 for Sentinel and Cluster URLs, so a failover is
+    ridden out, else 2). ``idempotent_publish=False`` publishes without producer state.
+    """
     url = resolve_url(url)
+    kwargs.setdefault("retry_for", default_retry_for(url))
     return Client(sync_client(url), prefix=prefix, url=url, **kwargs)
 

@@ -26,6 +26,13 @@ _memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
 
 
+def default_retry_for(url: str) -> float:
+    """Seconds to retry safe operations: long enough to ride out a Sentinel or Cluster
+    failover on those URLs, short elsewhere."""
+    scheme = url.split("://", 1)[0].lower()
+    return 20.0 if ("sentinel" in scheme or "cluster" in scheme) else 2.0
+
+
 def resolve_url(url: str | None) -> str:
     """``url``, else ``$FELIX_REDIS_URL``, else redis://localhost:6379/0."""
     return url or os.environ.get(ENV_URL) or DEFAULT_URL

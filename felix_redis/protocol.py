@@ -106,6 +106,46 @@ Op = Eval | Cmd | BlockAny | Sleep
 Plan = Generator[Op, Any, T]
 
 
+# --------------------------------------------------------------------------- retries
+
+#: Scripts a client may run again after a connection failure or failover without
+#: changing the outcome: reads, idempotent writes (ack, create with the same settings,
+#: configure, discard) and polls (a poll whose reply was lost leaves leases that lapse,
+#: so those records are redelivered later: delayed, never lost). Publishing is safe
+#: only with a producer (a re-send is answered from the shard's memory).
+RETRY_SAFE_SCRIPTS = frozenset({
+    "stream_info", "stream_read", "stream_create", "group_describe", "group_dead_letters",
+    "group_poll", "group_ack", "group_configure", "group_discard",
+})
+RETRY_SAFE_COMMANDS = frozenset({
+    "INFO", "EXISTS", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "XREAD", "PING",
+})
+#: Error replies that mean "this node cannot take the call now" (a failover or restart
+#: is under way); treated like a lost connection.
+TRANSIENT_ERRORS = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def retry_safe(op: object) -> bool:
+    if type(op) is Eval:
+        if op.script == "publish":
+            return bool(op.args[1])  # a producer id
+        return op.script in RETRY_SAFE_SCRIPTS
+    if type(op) is Cmd:
+        return str(op.args[0]).upper() in RETRY_SAFE_COMMANDS
+    return type(op) is BlockAny
+
+
+def retry_delays(total_s: float) -> Generator[float, None, None]:
+    """Jittered exponential pauses (50 ms doubling to 1 s) adding up to ~``total_s``."""
+    spent, base = 0.0, 0.05
+    while spent < total_s:
+        pause = min(base, 1.0) * (0.5 + random.random() / 2)
+        pause = min(pause, total_s - spent)
+        spent += pause
+        base *= 2
+        yield pause
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
@@ -268,11 +308,19 @@ class Core:
     settings_ttl_s = 60.0
     wait_timeout_ms = 2000
 
-    def __init__(self, *, prefix: str = C.DEFAULT_PREFIX, idempotent_publish: bool = True):
+    def __init__(
+        self,
+        *,
+        prefix: str = C.DEFAULT_PREFIX,
+        idempotent_publish: bool = True,
+        retry_for: float = 2.0,
+    ):
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \t\r\n"):
             raise InvalidArgument(f"bad key prefix {prefix!r}")
         self.prefix = prefix
         self.idempotent_publish = idempotent_publish
+        #: seconds a retry-safe operation is retried through connection failures
+        self.retry_for = retry_for
         self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
         self._settings: dict[str, StreamSettings] = {}
         self.producers = ProducerPool()
