@@ -1,0 +1,310 @@
+"""The idempotent producer and idempotent plain publishes: a re-send of a (producer id,
+sequence) the shard holds returns the original offsets and appends nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import felix_redis
+from felix_redis.errors import from_response
+from felix_redis.protocol import Eval, ProducerState, Sleep
+
+T, N, S = "acme", "prod", "jobs"
+
+
+def tail(client: felix_redis.Client, shard: int = 0) -> int:
+    return client.stream_describe(T, N, S).tails[shard]
+
+
+def lose_replies(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch, times: int = 1,
+                 land: bool = True) -> list[Any]:
+    """The next ``times`` publish scripts run for real (if ``land``) and then their reply
+    is lost: the client sees ConnectionFailed. Returns every op executed."""
+    real = client._execute
+    ops: list[Any] = []
+    left = [times]
+
+    def lossy(op: Any) -> Any:
+        ops.append(op)
+        if type(op) is Eval and op.script == "publish" and left[0] > 0:
+            left[0] -= 1
+            if land:
+                real(op)
+            raise felix_redis.ConnectionFailed("simulated: connection reset before the reply")
+        return real(op)
+
+    monkeypatch.setattr(client, "_execute", lossy)
+    return ops
+
+
+def run_publish_script(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> list[Any]:
+    name = client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), name.producer_key(0, pid)]
+    return client._scripts["publish"](keys=keys, args=[b"", pid, seq, 3_600_000, *(payloads or [b"payload"])])
+
+
+def script_error(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> Exception | None:
+    try:
+        run_publish_script(client, pid, seq, *payloads)
+    except redis.exceptions.ResponseError as exc:
+        return from_response(str(exc))
+    return None
+
+
+# ----------------------------------------------------------------------- ids
+
+
+def test_producers_get_distinct_ids_from_redis(client: felix_redis.Client, backend: tuple[str, Any]) -> None:
+    a = client.idempotent_producer()
+    b = client.idempotent_producer()
+    other = felix_redis.connect(backend[0])  # another process, same Redis
+    try:
+        c = other.idempotent_producer()
+    finally:
+        other.close()
+    ids = [a.id, b.id, c.id]
+    assert all(isinstance(i, int) for i in ids)
+    assert len(set(ids)) == 3
+
+
+def test_producer_publishes_dense_offsets(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, shards=2)
+    producer = client.idempotent_producer()
+    assert [producer.publish(T, N, S, b"%d" % i, shard=1).offset for i in range(5)] == [0, 1, 2, 3, 4]
+    batch = producer.publish_batch(T, N, S, [b"a", b"b", b"c"], shard=1)
+    assert [(p.shard, p.offset) for p in batch] == [(1, 5), (1, 6), (1, 7)]
+    keyed = producer.publish_keyed(T, N, S, "order-42", b"k")
+    assert keyed.shard == felix_redis.shard_for_key(b"order-42", 2)
+    assert [r.payload for r in client.read(T, N, S, 1, 0)][:8] == [b"0", b"1", b"2", b"3", b"4", b"a", b"b", b"c"]
+
+
+# --------------------------------------------------------------- lost replies
+
+
+def test_lost_reply_is_resent_and_lands_once(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    assert producer.publish(T, N, S, b"before").offset == 0
+    ops = lose_replies(client, monkeypatch)
+    published = producer.publish(T, N, S, b"once")
+    assert published.offset == 1  # the offset of the first (landed) send
+    assert sum(type(op) is Eval and op.script == "publish" for op in ops) == 2  # one re-send
+    assert any(type(op) is Sleep for op in ops)
+    assert tail(client) == 2
+    assert [r.payload for r in client.read(T, N, S, 0, 0)] == [b"before", b"once"]
+    # the sequence moves on normally afterwards
+    assert producer.publish(T, N, S, b"after").offset == 2
+    assert tail(client) == 3
+
+
+def test_lost_reply_of_a_batch_lands_once(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    lose_replies(client, monkeypatch)
+    batch = producer.publish_batch(T, N, S, [b"a", b"b", b"c"])
+    assert [p.offset for p in batch] == [0, 1, 2]
+    assert tail(client) == 3
+
+
+def test_send_that_never_landed_is_sent_again(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    lose_replies(client, monkeypatch, land=False)
+    assert producer.publish(T, N, S, b"x").offset == 0
+    assert tail(client) == 1
+
+
+def test_two_lost_replies_raise_and_the_producer_starts_over(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    first_id = producer.id
+    lose_replies(client, monkeypatch, times=2)
+    with pytest.raises(felix_redis.ConnectionFailed):
+        producer.publish(T, N, S, b"x")
+    assert tail(client) == 1  # it landed, once
+    # the next publish cannot hit a sequence gap: it goes out as a new producer
+    assert producer.publish(T, N, S, b"y").offset == 1
+    assert producer.id != first_id
+    assert tail(client) == 2
+
+
+def test_plain_publish_is_idempotent_under_a_lost_reply(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.stream_create(T, N, S)
+    client.publish(T, N, S, b"before")
+    lose_replies(client, monkeypatch)
+    assert client.publish(T, N, S, b"once").offset == 1
+    assert tail(client) == 2
+    lose_replies(client, monkeypatch)
+    assert [p.offset for p in client.publish_batch(T, N, S, [b"a", b"b"])] == [2, 3]
+    assert tail(client) == 4
+    lose_replies(client, monkeypatch)
+    keyed = client.publish_keyed(T, N, S, "k", b"keyed")
+    assert keyed.offset == 4
+    assert tail(client) == 5
+    assert client.publish(T, N, S, b"after").offset == 5
+
+
+def test_plain_publish_without_idempotence_can_duplicate(
+    backend: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """idempotent_publish=False: no producer, so a lost reply surfaces to the caller."""
+    client = felix_redis.connect(backend[0], idempotent_publish=False)
+    try:
+        client.stream_create(T, N, S)
+        lose_replies(client, monkeypatch)
+        with pytest.raises(felix_redis.ConnectionFailed):
+            client.publish(T, N, S, b"x")
+        assert tail(client) == 1
+        assert not client.redis.keys("*producer*")
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------- sequence checks
+
+
+def test_resend_of_held_sequence_returns_original_offsets(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    pid = client.idempotent_producer().id
+    assert pid is not None
+    first, count, _ms, dup = run_publish_script(client, pid, 1, b"a", b"b")
+    assert (first, count, dup) == (0, 2, 0)
+    again = run_publish_script(client, pid, 1, b"a", b"b")
+    assert (again[0], again[1], again[3]) == (0, 2, 1)
+    assert tail(client) == 2
+
+
+def test_sequence_gap_and_older_sequence_are_refused(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    pid = client.idempotent_producer().id
+    assert pid is not None
+    run_publish_script(client, pid, 1)
+    run_publish_script(client, pid, 2)
+    before = tail(client)
+    gap = script_error(client, pid, 4)
+    assert isinstance(gap, felix_redis.SequenceError), gap
+    assert "gap" in str(gap)
+    older = script_error(client, pid, 1)
+    assert isinstance(older, felix_redis.SequenceError), older
+    assert "older" in str(older)
+    # a re-send of the held sequence with another batch size is not a re-send
+    resized = script_error(client, pid, 2, b"x", b"y")
+    assert isinstance(resized, felix_redis.SequenceError), resized
+    assert isinstance(script_error(client, pid, 0), felix_redis.InvalidArgument)
+    assert tail(client) == before
+    assert script_error(client, pid, 3) is None
+    assert tail(client) == before + 1
+
+
+def test_sequence_error_through_the_client(client: felix_redis.Client) -> None:
+    """The client raises felix_redis.SequenceError (an InvalidArgument) and forgets the
+    producer id, so its next publish starts over cleanly."""
+    client.stream_create(T, N, S)
+    state = ProducerState()
+    assert client._drive(client.core.publish(T, N, S, [b"a"], 0, None, state))[1] == 0
+    pid = state.producer_id
+    state.sequences[(client.core.name(T, N, S).path, 0)] = 5  # as if sequences 2..5 got lost
+    with pytest.raises(felix_redis.SequenceError) as caught:
+        client._drive(client.core.publish(T, N, S, [b"b"], 0, None, state))
+    assert isinstance(caught.value, felix_redis.InvalidArgument)
+    assert "gap" in str(caught.value)
+    assert state.producer_id is None
+    assert tail(client) == 1
+    assert client._drive(client.core.publish(T, N, S, [b"c"], 0, None, state))[1] == 1
+    assert state.producer_id not in (None, pid)
+
+
+def test_producer_state_expires_after_idle_time(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    client.core.producer_idle_ms = 200
+    producer = client.idempotent_producer()
+    producer.publish(T, N, S, b"a")
+    assert producer.id is not None
+    key = client.core.name(T, N, S).producer_key(0, producer.id)
+    assert client.redis.exists(key)
+    assert 0 < client.redis.pttl(key) <= 200
+    deadline = time.monotonic() + 3
+    while client.redis.exists(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not client.redis.exists(key)
+    # the producer keeps going after its state expired
+    assert producer.publish(T, N, S, b"b").offset == 1
+    assert client.redis.exists(key)
+
+
+def test_state_is_per_shard(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, shards=3)
+    producer = client.idempotent_producer()
+    for i in range(6):
+        producer.publish(T, N, S, b"%d" % i, shard=i % 3)
+    name = client.core.name(T, N, S)
+    assert producer.id is not None
+    for shard in range(3):
+        assert client.redis.exists(name.producer_key(shard, producer.id))
+    assert client.stream_describe(T, N, S).tails == [2, 2, 2]
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+def test_concurrent_plain_publishes_from_threads(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, shards=2)
+    results: list[felix_redis.Published] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def publisher(n: int) -> None:
+        try:
+            barrier.wait(5)
+            for i in range(40):
+                p = client.publish(T, N, S, b"%d-%d" % (n, i))
+                with lock:
+                    results.append(p)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publisher, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(results) == 320
+    assert len(set(results)) == 320
+    tails = client.stream_describe(T, N, S).tails
+    assert sum(tails) == 320
+    for shard in range(2):
+        assert sorted(p.offset for p in results if p.shard == shard) == list(range(tails[shard]))
+    # every payload landed exactly once
+    payloads = [r.payload for shard in range(2) for r in client.read(T, N, S, shard, 0, 1000)]
+    assert sorted(payloads) == sorted(b"%d-%d" % (n, i) for n in range(8) for i in range(40))
+
+
+def test_one_producer_shared_by_threads(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    offsets: list[int] = []
+    lock = threading.Lock()
+
+    def publisher() -> None:
+        for _ in range(25):
+            offset = producer.publish(T, N, S, b"x").offset
+            with lock:
+                offsets.append(offset)
+
+    threads = [threading.Thread(target=publisher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(offsets) == list(range(100))
