@@ -1,0 +1,335 @@
+"""What every felixctl command shares: the connection context, the options declared
+once, error handling, confirmation and output formatting.
+
+Commands parse their arguments, call one :class:`felix_redis.Client` method (or a few)
+and print; nothing here talks to Redis directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import select
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import click
+import redis.exceptions
+
+import felix_redis
+from felix_redis import Claim, FelixError, Record, parse_claim
+from felix_redis.constants import DEFAULT_URL, ENV_URL
+from felix_redis.errors import redact_url
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ENV_TENANT = "FELIX_TENANT"
+ENV_NAMESPACE = "FELIX_NAMESPACE"
+#: Error lines are cut here (redis-py can put whole connection reprs into a message).
+MAX_ERROR_CHARS = 300
+
+
+# -- errors
+
+
+class OperationError(click.ClickException):
+    """An operation failed: exit 1 with one ``felixctl: error: ...`` line on stderr."""
+
+    exit_code = 1
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"felixctl: error: {self.format_message()}", file=file, err=file is None)
+
+
+def hide_password(message: str, url: str | None) -> str:
+    """``message`` with the password of ``url`` (and of any URL in it) masked."""
+    message = redact_url(message)
+    if url:
+        with contextlib.suppress(ValueError):
+            netloc = urlsplit(url).netloc
+            if "@" in netloc:
+                password = unquote(netloc.rsplit("@", 1)[0].partition(":")[2])
+                if password:
+                    message = message.replace(password, "***")
+    return message
+
+
+def as_operation_error(exc: BaseException, url: str | None) -> OperationError | None:
+    """The OperationError an expected failure becomes, or None for anything else."""
+    shown = redact_url(url or DEFAULT_URL)
+    if isinstance(exc, FelixError):
+        text = str(exc) or type(exc).__name__
+    elif isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        text = f"cannot reach Redis at {shown}: {exc}"
+    elif isinstance(exc, redis.exceptions.RedisError):
+        text = f"Redis at {shown} answered with an error: {exc}"
+    elif isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+        text = f"{exc.strerror or exc} (Redis URL {shown})"
+    else:
+        return None
+    text = hide_password(" ".join(text.split()), url)
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS] + "..."
+    return OperationError(text)
+
+
+# -- context
+
+
+@dataclass
+class Ctl:
+    """The global options and a client made on first use."""
+
+    url: str | None
+    tenant: str
+    namespace: str
+    _client: felix_redis.Client | None = field(default=None, repr=False)
+
+    @property
+    def client(self) -> felix_redis.Client:
+        if self._client is None:
+            self._client = felix_redis.connect(self.url)
+        return self._client
+
+    @property
+    def shown_url(self) -> str:
+        """The URL in use, safe to print."""
+        return redact_url(self.url or os.environ.get(ENV_URL) or DEFAULT_URL)
+
+    def where(self, stream: str) -> tuple[str, str, str]:
+        return self.tenant, self.namespace, stream
+
+    def path(self, stream: str) -> str:
+        return f"{self.tenant}/{self.namespace}/{stream}"
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+
+pass_ctl = click.make_pass_decorator(Ctl)
+
+
+# -- options declared once
+
+stream_argument = click.argument("stream")
+group_argument = click.argument("group")
+
+
+def output_option(*formats: str) -> Callable[[F], F]:
+    """``-o/--output`` with ``text`` and the given machine formats."""
+    choices = ["text", *(formats or ("json",))]
+    return click.option(
+        "-o", "--output", type=click.Choice(choices), default="text", show_default=True,
+        help="Output format; json prints one JSON document.",
+    )
+
+
+def shard_option(help: str) -> Callable[[F], F]:
+    return click.option("--shard", type=click.IntRange(min=0), default=None, help=help)
+
+
+yes_option = click.option(
+    "-y", "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
+)
+
+claims_argument = click.argument("claims", nargs=-1, required=True, metavar="CLAIM...")
+
+
+def examples(*lines: str, note: str = "") -> str:
+    """An epilog listing example command lines, kept as written by click."""
+    body = "\n".join(f"  {line}" for line in lines)
+    text = f"\b\nExamples:\n{body}"
+    return f"{text}\n\n{note}" if note else text
+
+
+# -- claims
+
+
+def parse_claims(texts: Iterable[str], *, attempts_required: bool = True) -> list[Claim]:
+    """Every claim parsed up front, so a malformed one fails before anything is done."""
+    return [parse_claim(t, attempts_required=attempts_required) for t in texts]
+
+
+def by_shard(claims: Sequence[Claim]) -> dict[int, list[Claim]]:
+    grouped: dict[int, list[Claim]] = {}
+    for claim in claims:
+        grouped.setdefault(claim.shard, []).append(claim)
+    return grouped
+
+
+class ClaimRunner:
+    """Runs one operation per claim, reports failures as error lines and keeps going;
+    :meth:`finish` exits 1 if any failed."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.failed = 0
+
+    @contextlib.contextmanager
+    def each(self) -> Iterator[None]:
+        try:
+            yield
+        except FelixError as exc:
+            if isinstance(exc, felix_redis.ConnectionFailed):
+                raise
+            self.failed += 1
+            error = as_operation_error(exc, self.url)
+            assert error is not None
+            error.show()
+
+    def finish(self) -> None:
+        if self.failed:
+            raise click.exceptions.Exit(1)
+
+
+# -- confirmation
+
+
+def confirm(question: str, *, yes: bool, what: str) -> None:
+    """Asks ``question`` on stderr unless ``yes``. Without a terminal it reads one answer
+    only if one is already waiting; with none it refuses rather than hang."""
+    if yes:
+        return
+    stdin = sys.stdin
+    if stdin.isatty():
+        if not click.confirm(question, default=False, err=True):
+            raise OperationError(f"{what} not confirmed; nothing was changed")
+        return
+    click.echo(f"{question} [y/N]: ", nl=False, err=True)
+    answer = _waiting_line(stdin)
+    if answer is None:
+        click.echo("", err=True)
+        raise OperationError(f"{what} needs confirmation and stdin is not a terminal; pass --yes")
+    click.echo(answer.strip(), err=True)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise OperationError(f"{what} not confirmed; nothing was changed")
+
+
+def _waiting_line(stdin: IO[str]) -> str | None:
+    """A line already available on a non-terminal stdin, or None (none within a second, or EOF)."""
+    try:
+        fd = stdin.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        fd = None
+    if fd is not None:
+        try:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+        except (OSError, ValueError):
+            return None
+        if not ready:
+            return None
+    line = stdin.readline()
+    return line if line else None
+
+
+# -- output
+
+
+_ESCAPES = {ord("\\"): b"\\\\", ord("\n"): b"\\n", ord("\t"): b"\\t", ord("\r"): b"\\r"}
+
+
+def escape_payload(payload: bytes) -> bytes:
+    """The payload on one line: backslash, newline, tab and carriage return escaped as
+    ``\\\\``, ``\\n``, ``\\t`` and ``\\r``; every other byte as it is."""
+    if not any(b in payload for b in (b"\\", b"\n", b"\t", b"\r")):
+        return payload
+    return b"".join(_ESCAPES.get(byte, bytes((byte,))) for byte in payload)
+
+
+def unescape_payload(line: bytes) -> bytes:
+    """The inverse of :func:`escape_payload` (for scripts and tests)."""
+    out = bytearray()
+    i = 0
+    reverse = {b"\\": b"\\", b"n": b"\n", b"t": b"\t", b"r": b"\r"}
+    while i < len(line):
+        byte = line[i:i + 1]
+        if byte == b"\\" and i + 1 < len(line) and line[i + 1:i + 2] in reverse:
+            out += reverse[line[i + 1:i + 2]]
+            i += 2
+        else:
+            out += byte
+            i += 1
+    return bytes(out)
+
+
+def emit_line(prefix: str, payload: bytes) -> None:
+    """``prefix<TAB>escaped payload`` on stdout, payload bytes untouched otherwise."""
+    click.echo(prefix.encode() + b"\t" + escape_payload(payload) + b"\n", nl=False)
+
+
+def payload_json(payload: bytes) -> dict[str, str]:
+    """``{"payload": text}`` for UTF-8 payloads, ``{"payload_base64": ...}`` otherwise."""
+    try:
+        return {"payload": payload.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"payload_base64": base64.b64encode(payload).decode("ascii")}
+
+
+def record_json(record: Record, *, with_claim: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {"shard": record.shard, "offset": record.offset}
+    if with_claim:
+        data["attempts"] = record.attempts
+        data["claim"] = record.claim
+    data["key"] = record.key
+    data["published_at"] = record.published_at.isoformat(timespec="milliseconds")
+    data.update(payload_json(record.payload))
+    return data
+
+
+def emit_json(document: Any, *, compact: bool = False) -> None:
+    if compact:
+        click.echo(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
+    else:
+        click.echo(json.dumps(document, ensure_ascii=False, indent=2))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, right: Iterable[int] = ()) -> str:
+    """Rows in aligned columns; the columns in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    align_right = set(right)
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in align_right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def human_ms(ms: int | None) -> str:
+    """``850ms``, ``12.3s``, ``4m05s``, ``2h03m``; ``-`` for None."""
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    seconds = ms // 1000
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def parse_start(ctx: click.Context, param: click.Parameter, value: str) -> str | int:
+    """``earliest``, ``latest`` or an offset (an integer >= 0); a click option callback."""
+    text = str(value).strip().lower()
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise click.BadParameter(f"{value!r} is not earliest, latest or an offset (an integer >= 0)", ctx, param)
+
+
+def start_option(help: str) -> Callable[[F], F]:
+    """``--from earliest|latest|OFFSET``."""
+    return click.option("--from", "start", default="earliest", show_default=True, metavar="earliest|latest|OFFSET",
+                        callback=parse_start, help=help)

@@ -1,0 +1,504 @@
+"""``felixctl group``: consumer groups, polling, settling claims and dead letters."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from felix_redis import GroupInfo, Record
+from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
+from felixctl.common import (
+    ClaimRunner,
+    Ctl,
+    OperationError,
+    by_shard,
+    claims_argument,
+    confirm,
+    emit_json,
+    emit_line,
+    examples,
+    group_argument,
+    human_ms,
+    output_option,
+    parse_claims,
+    pass_ctl,
+    record_json,
+    shard_option,
+    start_option,
+    stream_argument,
+    table,
+    yes_option,
+)
+from felixctl.records import ESCAPE_NOTE
+
+visibility_option = click.option(
+    "--visibility-timeout-ms", type=click.IntRange(min=1), default=None, metavar="MS",
+    help="How long a poll's lease lasts (default $FELIX_GROUP_VISIBILITY_TIMEOUT_MS or 30000).",
+)
+max_attempts_option = click.option(
+    "--max-attempts", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Deliveries before a record becomes a dead letter (default $FELIX_GROUP_MAX_ATTEMPTS or 5).",
+)
+
+
+@click.group(epilog=examples(
+    "felixctl group create jobs workers --from earliest",
+    "felixctl group poll jobs workers --max 5 --wait-ms 5000",
+    "felixctl group ack jobs workers 0:15:1",
+    "felixctl group describe jobs workers",
+))
+def group() -> None:
+    """Consumer groups: create them, poll and settle records, manage dead letters."""
+
+
+# -- lifecycle
+
+
+@group.command("create", epilog=examples(
+    "felixctl group create jobs workers --from earliest",
+    "felixctl group create orders workers-1 --from latest --visibility-timeout-ms 60000 --max-attempts 3",
+    note="Creating a group that exists already fails with exit status 1.",
+))
+@stream_argument
+@group_argument
+@start_option("First record the group hands out: earliest, latest (the next published) or an offset.")
+@visibility_option
+@max_attempts_option
+@pass_ctl
+def create(
+    ctl: Ctl, stream: str, group: str, start: str | int, visibility_timeout_ms: int | None,
+    max_attempts: int | None,
+) -> None:
+    """Create GROUP on STREAM (on every shard)."""
+    ctl.client.group_create(
+        *ctl.where(stream), group, start=start, visibility_timeout_ms=visibility_timeout_ms,
+        max_attempts=max_attempts,
+    )
+    click.echo(f"group {group} created on {ctl.path(stream)} from {start}")
+
+
+@group.command("configure", epilog=examples(
+    "felixctl group configure jobs workers --visibility-timeout-ms 120000",
+    "felixctl group configure jobs workers --max-attempts 10",
+))
+@stream_argument
+@group_argument
+@visibility_option
+@max_attempts_option
+@pass_ctl
+def configure(
+    ctl: Ctl, stream: str, group: str, visibility_timeout_ms: int | None, max_attempts: int | None
+) -> None:
+    """Change GROUP's visibility timeout or attempt bound (applies to later polls)."""
+    if visibility_timeout_ms is None and max_attempts is None:
+        raise click.UsageError("nothing to change: give --visibility-timeout-ms and/or --max-attempts")
+    ctl.client.group_configure(
+        *ctl.where(stream), group, visibility_timeout_ms=visibility_timeout_ms, max_attempts=max_attempts
+    )
+    info = ctl.client.group_describe(*ctl.where(stream), group)
+    click.echo(
+        f"group {group} on {ctl.path(stream)}: visibility timeout {info.visibility_timeout_ms} ms, "
+        f"max attempts {info.max_attempts}"
+    )
+
+
+@group.command("list", epilog=examples("felixctl group list jobs", "felixctl group list jobs -o json"))
+@stream_argument
+@output_option()
+@pass_ctl
+def list_(ctl: Ctl, stream: str, output: str) -> None:
+    """List the groups of STREAM."""
+    groups = ctl.client.group_list(*ctl.where(stream))
+    if output == "json":
+        emit_json(groups)
+        return
+    for name in groups:
+        click.echo(name)
+
+
+@group.command("delete", epilog=examples("felixctl group delete jobs workers --yes"))
+@stream_argument
+@group_argument
+@yes_option
+@pass_ctl
+def delete(ctl: Ctl, stream: str, group: str, yes: bool) -> None:
+    """Delete GROUP: its position, leases and dead letters (the records stay)."""
+    confirm(f"Delete group {group} of {ctl.path(stream)} with its position and dead letters?",
+            yes=yes, what="group delete")
+    ctl.client.group_delete(*ctl.where(stream), group)
+    click.echo(f"group {group} deleted from {ctl.path(stream)}")
+
+
+def group_json(info: GroupInfo) -> dict[str, Any]:
+    return {
+        "tenant": info.tenant, "namespace": info.namespace, "stream": info.stream, "group": info.group,
+        "visibility_timeout_ms": info.visibility_timeout_ms, "max_attempts": info.max_attempts,
+        "lag": info.lag, "pending": info.pending, "in_flight": info.in_flight, "owed": info.owed,
+        "dead": info.dead, "oldest_unfinished_age_ms": info.oldest_unfinished_age_ms,
+        "shards": [dataclasses.asdict(s) for s in info.shards],
+    }
+
+
+DESCRIBE_HEADERS = ["SHARD", "POSITION", "TAIL", "LAG", "PENDING", "IN-FLIGHT", "OWED", "DEAD", "OLDEST-UNFINISHED"]
+
+
+def describe_text(info: GroupInfo) -> str:
+    """The aligned per-shard table ``group describe`` prints (the demo prints it too)."""
+    rows: list[list[object]] = [
+        [s.shard, s.position, s.tail, s.lag, s.pending, s.in_flight, s.owed, s.dead,
+         human_ms(s.oldest_unfinished_age_ms)]
+        for s in info.shards
+    ]
+    if len(info.shards) > 1:
+        rows.append(["all", "", sum(s.tail for s in info.shards), info.lag, info.pending, info.in_flight,
+                     info.owed, info.dead, human_ms(info.oldest_unfinished_age_ms)])
+    head = (
+        f"group {info.group} on {info.tenant}/{info.namespace}/{info.stream}: visibility timeout "
+        f"{info.visibility_timeout_ms} ms, max attempts {info.max_attempts}"
+    )
+    return head + "\n" + table(DESCRIBE_HEADERS, rows, right=range(9))
+
+
+@group.command("describe", epilog=examples(
+    "felixctl group describe jobs workers",
+    "felixctl group describe jobs workers -o json",
+    note="Per shard: POSITION is the first unfinished offset, TAIL the next offset to be published, "
+    "LAG = TAIL - POSITION, PENDING the records never delivered, IN-FLIGHT those under a lease, OWED those "
+    "waiting for redelivery (nacked, lapsed, redriven), DEAD the dead letters.",
+))
+@stream_argument
+@group_argument
+@output_option()
+@pass_ctl
+def describe(ctl: Ctl, stream: str, group: str, output: str) -> None:
+    """Show GROUP's state on every shard: position, tail, lag, pending, in-flight, owed, dead."""
+    info = ctl.client.group_describe(*ctl.where(stream), group)
+    if output == "json":
+        emit_json(group_json(info))
+    else:
+        click.echo(describe_text(info))
+
+
+@group.command("keys", epilog=examples(
+    "felixctl group keys jobs workers",
+    "redis-cli XLEN \"$(felixctl group keys jobs workers --role log)\"",
+))
+@stream_argument
+@group_argument
+@shard_option("Only this shard's keys.")
+@click.option("--role", type=click.Choice([*SHARD_ROLES, "groups", *GROUP_ROLES]), default=None,
+              help="Print only the key(s) of this role, one per line, without the table.")
+@output_option()
+@pass_ctl
+def keys(ctl: Ctl, stream: str, group: str, shard: int | None, role: str | None, output: str) -> None:
+    """Print the Redis keys holding GROUP on STREAM, for inspection with redis-cli.
+
+    The keys belong to felix-redis: read them, never write them.
+    """
+    info = ctl.client.stream_describe(*ctl.where(stream))
+    if group not in info.groups:
+        raise OperationError(f"group {group} on stream {ctl.path(stream)} does not exist")
+    if shard is not None and shard >= info.shards:
+        raise OperationError(f"stream {ctl.path(stream)} has {info.shards} shard(s); shard {shard} does not exist")
+    name = ctl.client.core.name(*ctl.where(stream))
+    rows: list[tuple[int, str, str]] = []
+    for s in [shard] if shard is not None else range(info.shards):
+        rows += [(s, r, k) for r, k in zip(SHARD_ROLES, name.shard_keys(s), strict=True)]
+        rows.append((s, "groups", name.groups_key(s)))
+        rows += [(s, r, k) for r, k in zip(GROUP_ROLES, name.group_keys(s, group), strict=True)]
+    if role is not None:
+        rows = [row for row in rows if row[1] == role]
+    if output == "json":
+        emit_json([{"shard": s, "role": r, "key": k} for s, r, k in rows])
+    elif role is not None:
+        for _s, _r, k in rows:
+            click.echo(k)
+    else:
+        click.echo(table(["SHARD", "ROLE", "KEY"], rows))
+
+
+# -- polling
+
+
+@group.command("poll", epilog=examples(
+    "felixctl group poll jobs workers",
+    "felixctl group poll jobs workers --max 5 --wait-ms 5000",
+    "felixctl group poll jobs workers --shard 0 --consumer w-7 --reclaim",
+    note="Prints CLAIM<TAB>payload per record, CLAIM being SHARD:OFFSET:ATTEMPTS; nothing (and exit 0) "
+    "when nothing is due. " + ESCAPE_NOTE,
+))
+@stream_argument
+@group_argument
+@click.option("--max", "max_records", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Most records to take.")
+@click.option("--wait-ms", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Long-poll: wait this long for a record when nothing is due.")
+@shard_option("Poll only this shard (default: all shards in turn).")
+@click.option("--consumer", default=None, metavar="NAME", help="Poll as this named consumer.")
+@click.option("--reclaim", is_flag=True, help="With --consumer: take back its in-flight records now (attempts + 1).")
+@output_option()
+@pass_ctl
+def poll(
+    ctl: Ctl, stream: str, group: str, max_records: int, wait_ms: int, shard: int | None,
+    consumer: str | None, reclaim: bool, output: str,
+) -> None:
+    """Take up to --max records from GROUP under a lease, due redeliveries first."""
+    if reclaim and consumer is None:
+        raise click.UsageError("--reclaim needs --consumer NAME")
+    wait = wait_ms / 1000 if wait_ms else None
+    client, where = ctl.client, ctl.where(stream)
+    records: list[Record]
+    if shard is not None:
+        if consumer is None:
+            records = client.group_poll(*where, shard, group, max_records=max_records, wait=wait)
+        else:
+            records = client.group_poll_as(*where, shard, group, consumer=consumer, reclaim=reclaim,
+                                           max_records=max_records, wait=wait)
+    elif consumer is not None and not reclaim:
+        records = poll_shards_as(ctl, stream, group, consumer, max_records, wait)
+    else:
+        items = client.group_sharded(*where, group, consumer=consumer).poll(max_records, wait)
+        records = [item.record for item in items]
+    if output == "json":
+        emit_json([record_json(r, with_claim=True) for r in records])
+        return
+    for record in records:
+        emit_line(record.claim, record.payload)
+
+
+def poll_shards_as(
+    ctl: Ctl, stream: str, group: str, consumer: str, max_records: int, wait: float | None
+) -> list[Record]:
+    """All shards in turn as a named consumer, without reclaiming (a sharded group
+    with a consumer always reclaims); waits by polling every 100 ms."""
+    client, where = ctl.client, ctl.where(stream)
+    shards = client.stream_describe(*where).shards
+    deadline = time.monotonic() + (wait or 0)
+    while True:
+        records: list[Record] = []
+        for s in range(shards):
+            left = max_records - len(records)
+            if left <= 0:
+                break
+            records += client.group_poll_as(*where, s, group, consumer=consumer, reclaim=False, max_records=left)
+        if records or time.monotonic() >= deadline:
+            return records
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+# -- settling claims
+
+
+@group.command("ack", epilog=examples(
+    "felixctl group ack jobs workers 0:15:1",
+    "felixctl group ack jobs workers 0:15:1 1:7:2",
+))
+@stream_argument
+@group_argument
+@claims_argument
+@pass_ctl
+def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
+    """Finish the records of the given CLAIMs (SHARD:OFFSET:ATTEMPTS or SHARD:OFFSET)."""
+    parsed = parse_claims(claims, attempts_required=False)
+    runner = ClaimRunner(ctl.url)
+    for shard, group_claims in by_shard(parsed).items():
+        with runner.each():
+            done = ctl.client.group_ack_many(*ctl.where(stream), shard, group, [c.offset for c in group_claims])
+            for claim, acked in zip(group_claims, done, strict=True):
+                click.echo(f"acked {claim}" if acked else f"{claim} was finished already")
+    runner.finish()
+
+
+@group.command("nack", epilog=examples(
+    "felixctl group nack jobs workers 0:15:1",
+    "felixctl group nack jobs workers 0:15:1 --delay-ms 30000",
+))
+@stream_argument
+@group_argument
+@claims_argument
+@click.option("--delay-ms", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Redeliver no sooner than this.")
+@pass_ctl
+def nack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], delay_ms: int) -> None:
+    """Hand the records of CLAIMs back for redelivery (a dead letter once max attempts is reached)."""
+    parsed = parse_claims(claims)
+    runner = ClaimRunner(ctl.url)
+    for claim in parsed:
+        with runner.each():
+            dead = ctl.client.group_nack(*ctl.where(stream), claim.shard, group, str(claim), delay=delay_ms / 1000)
+            if dead:
+                click.echo(f"{claim} reached max attempts and is now a dead letter")
+            else:
+                click.echo(f"nacked {claim}" + (f", redelivered in {delay_ms} ms or later" if delay_ms else ""))
+    runner.finish()
+
+
+@group.command("extend", epilog=examples(
+    "felixctl group extend jobs workers 0:15:1",
+    "felixctl group extend jobs workers 0:15:1 --by-ms 120000",
+))
+@stream_argument
+@group_argument
+@claims_argument
+@click.option("--by-ms", type=click.IntRange(min=1), default=None, metavar="MS",
+              help="Lease ends this long from now (default: the group's visibility timeout).")
+@pass_ctl
+def extend(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], by_ms: int | None) -> None:
+    """Extend the leases of CLAIMs, for slow work."""
+    parsed = parse_claims(claims)
+    runner = ClaimRunner(ctl.url)
+    by = None if by_ms is None else by_ms / 1000
+    for claim in parsed:
+        with runner.each():
+            until = ctl.client.group_extend(*ctl.where(stream), claim.shard, group, str(claim), by=by)
+            when = datetime.fromtimestamp(until / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+            click.echo(f"extended {claim} until {when}")
+    runner.finish()
+
+
+@group.command("dead-letter", epilog=examples('felixctl group dead-letter jobs workers 0:15:1 --reason "bad card"'))
+@stream_argument
+@group_argument
+@claims_argument
+@click.option("--reason", default="", help="Why, kept with the dead letter.")
+@pass_ctl
+def dead_letter(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], reason: str) -> None:
+    """Make the records of CLAIMs dead letters now (they stay in the log)."""
+    parsed = parse_claims(claims)
+    runner = ClaimRunner(ctl.url)
+    for claim in parsed:
+        with runner.each():
+            ctl.client.group_dead_letter(*ctl.where(stream), claim.shard, group, str(claim), reason=reason)
+            click.echo(f"dead-lettered {claim}")
+    runner.finish()
+
+
+# -- dead letters
+
+
+def _shards(ctl: Ctl, stream: str, shard: int | None) -> list[int]:
+    if shard is not None:
+        return [shard]
+    return list(range(ctl.client.stream_describe(*ctl.where(stream)).shards))
+
+
+@group.command("dead-letters", epilog=examples(
+    "felixctl group dead-letters jobs workers",
+    "felixctl group dead-letters jobs workers --payloads -o json",
+))
+@stream_argument
+@group_argument
+@shard_option("Only this shard.")
+@click.option("--payloads", is_flag=True, help="Also read each record from the log (escaped like poll).")
+@output_option()
+@pass_ctl
+def dead_letters(ctl: Ctl, stream: str, group: str, shard: int | None, payloads: bool, output: str) -> None:
+    """List GROUP's dead letters: SHARD:OFFSET, attempts, when and why."""
+    letters = []
+    for s in _shards(ctl, stream, shard):
+        letters += ctl.client.group_dead_letters(*ctl.where(stream), s, group)
+    found: dict[tuple[int, int], Record] = {}
+    if payloads:
+        for d in letters:
+            read = ctl.client.read(*ctl.where(stream), d.shard, d.offset, 1)
+            if read and read[0].offset == d.offset:
+                found[(d.shard, d.offset)] = read[0]
+    if output == "json":
+        docs = []
+        for d in letters:
+            doc: dict[str, Any] = {
+                "shard": d.shard, "offset": d.offset, "attempts": d.attempts, "reason": d.reason,
+                "dead_at": d.dead_at.isoformat(timespec="milliseconds"),
+            }
+            if payloads:
+                record = found.get((d.shard, d.offset))
+                doc.update(record_json(record, with_claim=False) if record else {"payload": None})
+            docs.append(doc)
+        emit_json(docs)
+        return
+    if not letters:
+        click.echo("no dead letters")
+        return
+    rows = [[d.claim, d.attempts, d.dead_at.isoformat(timespec="seconds"), d.reason or "-"] for d in letters]
+    click.echo(table(["RECORD", "ATTEMPTS", "DEAD-AT", "REASON"], rows, right=[1]))
+    if payloads:
+        for d in letters:
+            record = found.get((d.shard, d.offset))
+            if record is None:
+                click.echo(f"{d.claim}\t(trimmed from the log)")
+            else:
+                emit_line(d.claim, record.payload)
+
+
+def _settle_dead(
+    ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None,
+    yes: bool, verb: str,
+) -> None:
+    """redrive/discard: the given SHARD:OFFSETs, or every dead letter after confirmation."""
+    if everything == bool(records):
+        raise click.UsageError("give SHARD:OFFSET arguments or --all (not both)")
+    if shard is not None and not everything:
+        raise click.UsageError("--shard goes with --all")
+    client, where = ctl.client, ctl.where(stream)
+    act = client.group_redrive if verb == "redrive" else client.group_discard
+    done = {"redrive": "redriven", "discard": "discarded"}[verb]
+    total = 0
+    if everything:
+        shards = _shards(ctl, stream, shard)
+        client.group_describe(*where, group)  # unknown group: fail before asking
+        scope = f"shard {shard}" if shard is not None else "all shards"
+        confirm(f"{verb.capitalize()} every dead letter of group {group} on {ctl.path(stream)} ({scope})?",
+                yes=yes, what=f"{verb} --all")
+        for s in shards:
+            total += act(*where, s, group, None)
+    else:
+        parsed = parse_claims(records, attempts_required=False)
+        for s, claims in by_shard(parsed).items():
+            total += act(*where, s, group, [c.offset for c in claims])
+    click.echo(f"{done} {total} dead letter{'s' if total != 1 else ''}")
+
+
+_DEAD_ARGS = click.argument("records", nargs=-1, metavar="[SHARD:OFFSET]...")
+_ALL = click.option("--all", "everything", is_flag=True, help="Every dead letter (asks for confirmation).")
+
+
+@group.command("redrive", epilog=examples(
+    "felixctl group redrive jobs workers 0:15",
+    "felixctl group redrive jobs workers --all --yes",
+    note="--all asks for confirmation; without a terminal it needs --yes and refuses otherwise.",
+))
+@stream_argument
+@group_argument
+@_DEAD_ARGS
+@_ALL
+@shard_option("With --all: only this shard.")
+@yes_option
+@pass_ctl
+def redrive(
+    ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
+) -> None:
+    """Make dead letters owed again, attempts starting over (after the bug is fixed)."""
+    _settle_dead(ctl, stream, group, records, everything, shard, yes, "redrive")
+
+
+@group.command("discard", epilog=examples(
+    "felixctl group discard jobs workers 0:15",
+    "felixctl group discard jobs workers --all --yes",
+    note="--all asks for confirmation; without a terminal it needs --yes and refuses otherwise.",
+))
+@stream_argument
+@group_argument
+@_DEAD_ARGS
+@_ALL
+@shard_option("With --all: only this shard.")
+@yes_option
+@pass_ctl
+def discard(
+    ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
+) -> None:
+    """Drop dead letters for good (the records stay in the log)."""
+    _settle_dead(ctl, stream, group, records, everything, shard, yes, "discard")

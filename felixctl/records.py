@@ -1,0 +1,230 @@
+"""``felixctl pub`` and ``felixctl sub``: write records, replay and tail the log."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import click
+
+from felix_redis import FelixError, Published
+from felixctl.common import (
+    Ctl,
+    OperationError,
+    emit_json,
+    emit_line,
+    examples,
+    output_option,
+    pass_ctl,
+    record_json,
+    shard_option,
+    start_option,
+    stream_argument,
+)
+
+ESCAPE_NOTE = (
+    "Payloads are printed as they are, except that a backslash, newline, tab or carriage return "
+    "inside one is written as \\\\, \\n, \\t or \\r, so that every record stays on one line. "
+    "-o json gives the exact payloads."
+)
+
+
+def read_stdin_payload() -> bytes:
+    """All of stdin, with one trailing newline dropped."""
+    data: bytes = sys.stdin.buffer.read()
+    if data.endswith(b"\r\n"):
+        return data[:-2]
+    return data[:-1] if data.endswith(b"\n") else data
+
+
+@click.command(
+    "pub",
+    epilog=examples(
+        "felixctl pub jobs '{\"order\":42,\"task\":\"send-receipt\"}'",
+        "echo hello | felixctl pub jobs -",
+        "felixctl pub jobs --key order-42 'charge-card'",
+        "felixctl pub jobs --file tasks.txt",
+        note="Prints SHARD:OFFSET of the record. With --file, a summary per shard.",
+    ),
+)
+@stream_argument
+@click.argument("payload", required=False)
+@click.option("--key", default=None, help="Record key; routes to shard crc32(key) % shards unless --shard is given.")
+@shard_option("Publish to this shard (default: by --key, else round-robin).")
+@click.option("--file", "file", type=click.File("rb"), default=None, metavar="FILE",
+              help="Publish one record per line of FILE ('-' for stdin).")
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=500, show_default=True,
+              help="With --file: lines per atomic batch (one batch lands on one shard).")
+@pass_ctl
+def pub(
+    ctl: Ctl, stream: str, payload: str | None, key: str | None, shard: int | None,
+    file: IO[bytes] | None, batch_size: int,
+) -> None:
+    """Publish PAYLOAD to STREAM ('-' reads it from stdin, one trailing newline dropped)."""
+    if file is not None:
+        if payload is not None:
+            raise click.UsageError("give either PAYLOAD or --file, not both")
+        publish_file(ctl, stream, file, key, shard, batch_size)
+        return
+    if payload is None:
+        raise click.UsageError("missing PAYLOAD (or '-' for stdin, or --file FILE)")
+    data = read_stdin_payload() if payload == "-" else os.fsencode(payload)
+    published = ctl.client.publish(*ctl.where(stream), data, shard=shard, key=key)
+    click.echo(f"{published.shard}:{published.offset}")
+
+
+@dataclass
+class FileSummary:
+    """What a --file publish has done so far, per shard."""
+
+    records: int = 0
+    batches: int = 0
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, published: list[Published]) -> None:
+        self.records += len(published)
+        self.batches += 1
+        for p in published:
+            first, _last = self.ranges.get(p.shard, (p.offset, p.offset))
+            self.ranges[p.shard] = (min(first, p.offset), p.offset)
+
+    def describe(self) -> str:
+        parts = [f"shard {s} offsets {a}..{b}" for s, (a, b) in sorted(self.ranges.items())]
+        head = f"published {self.records} record{'s' if self.records != 1 else ''}"
+        if not self.records:
+            return f"{head}: the file is empty"
+        return f"{head} in {self.batches} atomic batch{'es' if self.batches != 1 else ''}: " + ", ".join(parts)
+
+
+def _file_size(file: IO[bytes]) -> int | None:
+    try:
+        st = os.fstat(file.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def publish_file(
+    ctl: Ctl, stream: str, file: IO[bytes], key: str | None, shard: int | None, batch_size: int
+) -> None:
+    """One record per line, ``batch_size`` lines per publish_batch call."""
+    summary = FileSummary()
+    size = _file_size(file)
+    err = sys.stderr
+    name = getattr(file, "name", "-")
+    line_no = 0
+
+    def flush(batch: list[bytes]) -> None:
+        try:
+            summary.add(ctl.client.publish_batch(*ctl.where(stream), batch, shard=shard, key=key))
+        except FelixError as exc:
+            raise OperationError(
+                f"{exc} (published {summary.records} records before this; "
+                f"the first line not published is line {line_no - len(batch) + 1})"
+            ) from None
+
+    with click.progressbar(length=size or 0, label=f"publishing {name}", file=err,
+                           show_eta=False, show_percent=bool(size)) as bar:
+        batch: list[bytes] = []
+        for raw in file:
+            line_no += 1
+            bar.update(len(raw))
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            batch.append(line[:-1] if line.endswith(b"\r") else line)
+            if len(batch) >= batch_size:
+                flush(batch)
+                batch = []
+        if batch:
+            flush(batch)
+    click.echo(summary.describe())
+
+
+@click.command(
+    "sub",
+    epilog=examples(
+        "felixctl sub jobs                      # replay every shard from its first record",
+        "felixctl sub jobs --from latest -f     # print new records as they arrive",
+        "felixctl sub jobs --shard 2 --from 100 --max 10",
+        note="Prints SHARD:OFFSET<TAB>payload per record. " + ESCAPE_NOTE,
+    ),
+)
+@stream_argument
+@start_option("Where to start in every shard read.")
+@shard_option("Read only this shard (default: all, one after the other).")
+@click.option("-f", "--follow", is_flag=True, help="Keep reading new records until interrupted.")
+@click.option("--max", "limit", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
+@click.option("--interval-ms", type=click.IntRange(10, 60_000), default=200, show_default=True,
+              help="With --follow: how often to look for new records.")
+@output_option("json", "jsonl")
+@pass_ctl
+def sub(
+    ctl: Ctl, stream: str, start: str | int, shard: int | None, follow: bool, limit: int | None,
+    interval_ms: int, output: str,
+) -> None:
+    """Replay STREAM's log, and with --follow tail it (no group: nothing is acked).
+
+    -o json prints one JSON array (not with --follow); -o jsonl one JSON object per line.
+    """
+    if follow and output == "json":
+        raise click.UsageError("--follow streams records: use -o jsonl instead of -o json")
+    info = ctl.client.stream_describe(*ctl.where(stream))
+    if shard is not None and shard >= info.shards:
+        raise OperationError(
+            f"stream {ctl.path(stream)} has {info.shards} shard(s) (0..{info.shards - 1}); shard {shard} does not exist"
+        )
+    shards = [shard] if shard is not None else list(range(info.shards))
+    position = {
+        s: info.firsts[s] if start == "earliest" else info.tails[s] if start == "latest" else int(start)
+        for s in shards
+    }
+    collected: list[dict[str, Any]] = []
+    reader = Reader(ctl, stream, position, limit, output, collected)
+    for s in shards:
+        while reader.read(s):
+            pass
+    try:
+        while follow and not reader.done:
+            if not any([reader.read(s) for s in shards]):
+                time.sleep(interval_ms / 1000)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(130) from None
+    if output == "json":
+        emit_json(collected)
+
+
+@dataclass
+class Reader:
+    """Reads shards from their positions and prints what it reads."""
+
+    ctl: Ctl
+    stream: str
+    position: dict[int, int]
+    limit: int | None
+    output: str
+    collected: list[dict[str, Any]]
+    count: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.limit is not None and self.count >= self.limit
+
+    def read(self, shard: int) -> bool:
+        """One read of up to 500 records; True if it printed any."""
+        if self.done:
+            return False
+        want = 500 if self.limit is None else min(500, self.limit - self.count)
+        records = self.ctl.client.read(*self.ctl.where(self.stream), shard, self.position[shard], want)
+        for record in records:
+            if self.output == "text":
+                emit_line(f"{record.shard}:{record.offset}", record.payload)
+            elif self.output == "jsonl":
+                emit_json(record_json(record, with_claim=False), compact=True)
+            else:
+                self.collected.append(record_json(record, with_claim=False))
+            self.position[shard] = record.offset + 1
+        self.count += len(records)
+        return bool(records)

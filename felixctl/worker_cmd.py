@@ -1,0 +1,244 @@
+"""``felixctl worker`` (run a handler over a group) and ``felixctl metrics`` (a Prometheus
+exporter for every group). Both take the connection, tenant and namespace from the
+main group's context when there is one, else from their own options."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+
+from felix_redis import FelixError
+
+ENV_URL = "FELIX_REDIS_URL"
+ENV_TENANT = "FELIX_TENANT"
+ENV_NAMESPACE = "FELIX_NAMESPACE"
+
+__all__ = ["metrics", "worker"]
+
+
+@dataclass
+class Target:
+    """The connection and scope a command works in."""
+
+    url: str | None
+    tenant: str
+    namespace: str
+
+
+def _target(ctx: click.Context, url: str | None, tenant: str, namespace: str) -> Target:
+    """Options given on this command's command line win; then the main group's context
+    (a dict or an object with url/tenant/namespace); then env vars and defaults."""
+    obj = ctx.obj
+    given = {
+        name: ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        for name in ("redis_url", "tenant", "namespace")
+    }
+
+    def pick(param: str, key: str, own: Any) -> Any:
+        if obj is None or given[param]:
+            return own
+        value = obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+        return own if value is None else value
+
+    return Target(pick("redis_url", "url", url), pick("tenant", "tenant", tenant),
+                  pick("namespace", "namespace", namespace))
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"felixctl: error: {' '.join(message.split())}", err=True)
+    raise click.exceptions.Exit(1)
+
+
+def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--redis-url/--tenant/--namespace for use outside the main group."""
+    fn = click.option("--namespace", envvar=ENV_NAMESPACE, default="default", show_default=True,
+                      help="Namespace (default: the main group's).")(fn)
+    fn = click.option("--tenant", envvar=ENV_TENANT, default="default", show_default=True,
+                      help="Tenant (default: the main group's).")(fn)
+    return click.option("--redis-url", envvar=ENV_URL, default=None, metavar="URL",
+                        help="Redis URL (default: the main group's, else $FELIX_REDIS_URL).")(fn)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+@click.command()
+@click.argument("stream")
+@click.argument("group")
+@click.argument("handler", metavar="MODULE:FUNCTION")
+@click.option("-c", "--concurrency", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Most records in flight (threads, or tasks for an async handler).")
+@click.option("--consumer", default=None, help="A stable consumer name; a restart takes back its own records.")
+@click.option("--shards", default=None, metavar="LIST", help="Poll only these shards, e.g. 0,2,5-7 (default: all).")
+@click.option("--burst", is_flag=True, help="Exit once nothing is due and nothing is in flight.")
+@click.option("--grace", "grace_s", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds running handlers may finish after SIGTERM/SIGINT.")
+@click.option("--hard-limit", "hard_limit_s", type=click.FloatRange(0, min_open=True), default=None,
+              help="Stop extending the lease of a handler running this many seconds (async: cancel it).")
+@click.option("--poll-wait", "poll_wait_s", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="Seconds one poll waits for records.")
+@click.option("--backoff-base", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="First retry delay, seconds.")
+@click.option("--backoff-factor", type=click.FloatRange(1), default=2.0, show_default=True,
+              help="Growth of the retry delay per attempt.")
+@click.option("--backoff-max", type=click.FloatRange(0), default=300.0, show_default=True,
+              help="Largest retry delay, seconds.")
+@click.option("--backoff-jitter", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+              help="Retry delays are shortened by up to this fraction at random.")
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              help="Serve this worker's Prometheus metrics here.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default="INFO", show_default=True, help="DEBUG logs one line per acked job too.")
+@connection_options
+@click.pass_context
+def worker(
+    ctx: click.Context, stream: str, group: str, handler: str, concurrency: int, consumer: str | None,
+    shards: str | None, burst: bool, grace_s: float, hard_limit_s: float | None, poll_wait_s: float,
+    backoff_base: float, backoff_factor: float, backoff_max: float, backoff_jitter: float,
+    metrics_listen: str | None, log_level: str, redis_url: str | None, tenant: str, namespace: str,
+) -> None:
+    """Run MODULE:FUNCTION for every record of GROUP on STREAM.
+
+    The function gets a felix_redis.Record. Returning acks the record; raising
+    felix_redis.worker.Retry(after=s) retries after s seconds; raising Fatal dead-letters
+    it at once; any other exception retries after an exponential backoff, and the last
+    allowed attempt ends as a dead letter. An `async def` runs on an asyncio worker.
+    SIGTERM or SIGINT stops gracefully (exit 0); a second one exits at once.
+    """
+    from felix_redis.worker import Backoff, import_handler, parse_shards
+
+    target = _target(ctx, redis_url, tenant, namespace)
+    _setup_logging(log_level)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = import_handler(handler)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise click.BadParameter(f"cannot import {handler}: {exc}", param_hint="MODULE:FUNCTION") from None
+    try:
+        shard_list = parse_shards(shards) if shards is not None else None
+        backoff = Backoff(backoff_base, backoff_factor, backoff_max, backoff_jitter)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    options: dict[str, Any] = dict(
+        concurrency=concurrency, consumer=consumer, shards=shard_list, backoff=backoff, poll_wait_s=poll_wait_s,
+        grace_s=grace_s, hard_limit_s=hard_limit_s, burst=burst, metrics=_worker_metrics(metrics_listen),
+    )
+    where = (target.tenant, target.namespace, stream, group)
+    try:
+        if _is_async(fn):
+            asyncio.run(_run_async(target.url, where, fn, options))
+        else:
+            _run_sync(target.url, where, fn, options)
+    except (FelixError, ValueError) as exc:
+        _fail(str(exc))
+
+
+def _worker_metrics(listen: str | None) -> Any:
+    if listen is None:
+        return None
+    try:
+        from prometheus_client import start_http_server
+
+        from felix_redis.metrics import default_worker_metrics
+    except ImportError:
+        _fail("--metrics-listen needs prometheus-client (pip install 'felix-redis[metrics]')")
+    host, port = _listen(listen)
+    start_http_server(port, host)
+    return default_worker_metrics()
+
+
+def _run_sync(url: str | None, where: tuple[str, str, str, str], fn: Any, options: dict[str, Any]) -> None:
+    import felix_redis
+    from felix_redis.worker import Worker
+
+    with felix_redis.connect(url) as client:
+        Worker(client, *where, fn, **options).run()
+
+
+async def _run_async(url: str | None, where: tuple[str, str, str, str], fn: Any, options: dict[str, Any]) -> None:
+    from felix_redis.aioworker import AsyncWorker
+    from felix_redis.asyncio import connect
+
+    async with connect(url) as client:
+        await AsyncWorker(client, *where, fn, **options).run()
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:9108", show_default=True, metavar="HOST:PORT",
+              help="Where to serve /metrics (port 0: any free port, printed on start).")
+@click.option("--scope", type=click.Choice(["all", "tenant", "namespace"]), default="all", show_default=True,
+              help="Export every stream, those of the tenant, or those of the tenant and namespace.")
+@connection_options
+@click.pass_context
+def metrics(ctx: click.Context, listen: str, scope: str, redis_url: str | None, tenant: str, namespace: str) -> None:
+    """Serve Prometheus metrics of every group: per stream, group and shard the lag,
+    pending, owed, in-flight and dead-letter counts, the position and the age of the
+    oldest unfinished record. Redis is read at each scrape. Stops on SIGTERM/SIGINT."""
+    try:
+        from felix_redis.metrics import serve
+    except ImportError:
+        _fail("the exporter needs prometheus-client (pip install 'felix-redis[metrics]')")
+    import felix_redis
+
+    target = _target(ctx, redis_url, tenant, namespace)
+    host, port = _listen(listen)
+    stop = threading.Event()
+    client = felix_redis.connect(target.url)
+    try:
+        server, _registry = serve(
+            client, host, port,
+            tenant=target.tenant if scope != "all" else None,
+            namespace=target.namespace if scope == "namespace" else None,
+        )
+    except OSError as exc:
+        _fail(f"cannot listen on {listen}: {exc}")
+    bound_host, bound_port = server.server_address[:2]
+    click.echo(f"serving metrics on http://{bound_host}:{bound_port}/metrics", err=True)
+    click.echo(f"{bound_host}:{bound_port}")
+    sys.stdout.flush()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.shutdown()
+        client.close()
+
+
+@click.group()
+def _standalone() -> None:
+    """The worker commands without the rest of felixctl."""
+
+
+_standalone.add_command(worker)
+_standalone.add_command(metrics)
+
+if __name__ == "__main__":
+    _standalone(prog_name="felixctl")
