@@ -18,9 +18,8 @@
 -- ARGV[3..] offsets   for 'list': 1..10000 offsets (integers) of dead letters
 --
 -- Returns: {records discarded, next cursor ('0' when done)}.
--- Errors: FELIX_NOT_FOUND (group; an offset that is not a dead letter; for redrive, a
--- record trimmed from the log), FELIX_INVALID, FELIX_WRONGTYPE. In 'list' mode every
--- offset is checked before anything is written.
+-- Errors: FELIX_NOT_FOUND (group; an offset that is not a dead letter), FELIX_INVALID,
+-- FELIX_WRONGTYPE. In 'list' mode every offset is checked before anything is written.
 --- @include "group"
 local mode = ARGV[1]
 local K = group_keys()

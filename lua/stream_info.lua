@@ -3,6 +3,7 @@
 -- KEYS[1] meta    hash: settings, tail, first
 -- KEYS[2] log     stream: the records
 -- KEYS[3] groups  set: names of the groups on this shard
+-- (no ARGV)
 --
 -- Returns: {meta as a flat field/value list, group names, log length, now ms}.
 -- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_WRONGTYPE.
