@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -226,3 +227,56 @@ def test_cli_prints_the_url_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# ------------------------------------------------- the felix client over these URLs
+
+felix_redis = pytest.importorskip("felix_redis")
+T, N = "default", "default"
+
+
+def _connect(url: str) -> object:
+    connect = getattr(felix_redis, "connect", None)
+    if connect is None:
+        pytest.skip("felix_redis.connect is not there yet")
+    return connect(url)
+
+
+def test_felix_client_survives_a_sentinel_failover(sentinel_topology: SentinelTopology) -> None:
+    t = sentinel_topology
+    client: Any = _connect(t.url)
+    client.stream_create(T, N, "orders", replication=2, consistency="quorum")
+    client.group_create(T, N, "orders", "workers")
+    sent = [client.publish(T, N, "orders", f"job-{i}".encode()).offset for i in range(5)]
+    assert sent == [0, 1, 2, 3, 4]
+    (first,) = client.group_poll(T, N, "orders", 0, "workers", max_records=1)
+    client.group_ack(T, N, "orders", 0, "workers", first)
+
+    old = t.kill_primary()
+    t.wait_for_failover(timeout=FAILOVER_BOUND_S)
+    # quorum needs a replica again: the sentinels turn the old primary into one.
+    old.start()
+    t.wait_replicas_synced(timeout=FAILOVER_BOUND_S)
+    after: Any = _connect(t.url)
+    records = after.group_poll(T, N, "orders", 0, "workers", max_records=10)
+    assert [r.payload for r in records] == [f"job-{i}".encode() for i in range(1, 5)]
+    assert after.publish(T, N, "orders", b"job-5").offset == 5
+
+
+@needs_cli
+def test_felix_client_over_a_cluster_failover(cluster_topology: ClusterTopology) -> None:
+    t = cluster_topology
+    client: Any = _connect(t.url)
+    shards = 6
+    client.stream_create(T, N, "orders", shards=shards)
+    client.group_create(T, N, "orders", "workers")
+    for shard in range(shards):
+        assert client.publish(T, N, "orders", f"s{shard}".encode(), shard=shard).offset == 0
+    t.wait_replicas_synced()
+    t.failover(t.primary_ports()[0], hard=True, timeout=FAILOVER_BOUND_S)
+
+    live = ",".join(f"127.0.0.1:{p}" for p in t.ports if t.alive(p))
+    after: Any = _connect(f"redis+cluster://{live}")
+    for shard in range(shards):
+        (record,) = after.group_poll(T, N, "orders", shard, "workers", max_records=4)
+        assert (record.shard, record.offset, record.payload) == (shard, 0, f"s{shard}".encode())

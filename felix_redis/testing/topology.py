@@ -176,6 +176,23 @@ def _cluster_info(port: int) -> dict[str, str]:
     return _fields(_raw(port, "CLUSTER", "INFO"))
 
 
+def _alive(server: RedisServer) -> bool:
+    return server.process is not None and server.process.poll() is None
+
+
+def _caught_up(primary_port: int, replica_ports: Sequence[int]) -> bool:
+    """True if every replica port is online at the primary with the primary's offset."""
+    info = _info(primary_port, "replication")
+    offset = int(info.get("master_repl_offset", "-1"))
+    seen: dict[int, int] = {}
+    for key, value in info.items():
+        if key.startswith("slave") and key[5:].isdigit():
+            fields = dict(part.split("=", 1) for part in value.split(","))
+            if fields.get("state") == "online":
+                seen[int(fields["port"])] = int(fields["offset"])
+    return all(seen.get(port) == offset for port in replica_ports)
+
+
 def sentinel_config_lines(
     settings: TopologySettings,
     primary_host: str,
@@ -402,24 +419,16 @@ class SentinelTopology(_Topology):
 
     def wait_replicas_synced(self, timeout: float = 15.0) -> None:
         """Wait until every running replica is connected and caught up with the primary."""
-        running = [r for r in self.replicas if r.process is not None]
-
-        def synced() -> bool:
-            info = _info(self.primary.port, "replication")
-            offset = int(info.get("master_repl_offset", "-1"))
-            seen: dict[int, int] = {}
-            for key, value in info.items():
-                if key.startswith("slave") and key[5:].isdigit():
-                    fields = dict(part.split("=", 1) for part in value.split(","))
-                    if fields.get("state") == "online":
-                        seen[int(fields["port"])] = int(fields["offset"])
-            return all(seen.get(r.port) == offset for r in running)
-
-        _wait_until("replicas to sync with the primary", synced, timeout)
+        running = [r.port for r in self.replicas if _alive(r)]
+        _wait_until(
+            "replicas to sync with the primary",
+            lambda: _caught_up(self.primary.port, running),
+            timeout,
+        )
 
     def wait_sentinels_ready(self, timeout: float = 20.0) -> None:
         """Wait until every sentinel sees the primary, its replicas and the other sentinels."""
-        want_replicas = len([r for r in self.replicas if r.process is not None])
+        want_replicas = len([r for r in self.replicas if _alive(r)])
 
         def ready() -> bool:
             for sentinel in self.sentinels:
@@ -571,8 +580,7 @@ class ClusterTopology(_Topology):
         return next(n for n in self.nodes if n.port == port)
 
     def alive(self, port: int) -> bool:
-        process = self.node(port).process
-        return process is not None and process.poll() is None
+        return _alive(self.node(port))
 
     def cluster_nodes(self, via: int | None = None) -> list[dict[str, str]]:
         """``CLUSTER NODES`` from one live node, as dicts (id, port, role, primary_id, slots)."""
@@ -629,6 +637,17 @@ class ClusterTopology(_Topology):
             return True
 
         _wait_until("the cluster to be ready", ready, timeout, 0.1)
+
+    def wait_replicas_synced(self, timeout: float = 15.0) -> None:
+        """Wait until every live replica has caught up with its primary's offset."""
+
+        def synced() -> bool:
+            return all(
+                _caught_up(port, [r for r in self.replica_ports(port) if self.alive(r)])
+                for port in self.primary_ports()
+            )
+
+        _wait_until("cluster replicas to catch up", synced, timeout)
 
     def kill_node(self, port: int) -> None:
         """SIGKILL the node on ``port`` (a crash)."""
