@@ -101,9 +101,13 @@ class Decision:
 
 
 def _reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    raw = text.encode()
-    return raw[:MAX_REASON_BYTES].decode(errors="ignore") if len(raw) > MAX_REASON_BYTES else text
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _fit(reason: str) -> str:
+    """``reason`` cut to the longest dead-letter reason Redis accepts."""
+    raw = reason.encode()
+    return raw[:MAX_REASON_BYTES].decode(errors="ignore") if len(raw) > MAX_REASON_BYTES else reason
 
 
 def decide(
@@ -117,11 +121,11 @@ def decide(
     """Retry or dead-letter: ``Fatal`` and ``dead_letter_on`` types die at once, the last
     allowed delivery dies with the error as reason, anything else retries with a delay."""
     if isinstance(exc, Fatal):
-        return Decision(True, 0.0, str(exc) or "Fatal")
+        return Decision(True, 0.0, _fit(str(exc) or "Fatal"))
     if dead_letter_on and isinstance(exc, dead_letter_on):
-        return Decision(True, 0.0, _reason(exc))
+        return Decision(True, 0.0, _fit(_reason(exc)))
     if attempts >= max_attempts:
-        return Decision(True, 0.0, f"failed {attempts} of {max_attempts} attempts: {_reason(exc)}")
+        return Decision(True, 0.0, _fit(f"failed {attempts} of {max_attempts} attempts: {_reason(exc)}"))
     if isinstance(exc, Retry) and exc.after is not None:
         return Decision(False, max(0.0, exc.after), _reason(exc))
     return Decision(False, backoff.delay(attempts, rng), _reason(exc))

@@ -1,0 +1,365 @@
+"""The worker runtime in-process: backoff and decisions, the sync and asyncio workers,
+leases, hard limits, shutdown, shard subsets, logging and the CLI wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import felix_redis
+import felix_redis.asyncio as aio
+from felix_redis import Record
+from felix_redis.aioworker import AsyncWorker
+from felix_redis.worker import Backoff, Fatal, Retry, Worker, decide, import_handler, parse_shards
+from felixctl.worker_cmd import metrics as metrics_cmd
+from felixctl.worker_cmd import worker as worker_cmd
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+# -- pure pieces
+
+
+def test_backoff_grows_exponentially_up_to_the_cap() -> None:
+    b = Backoff(base_s=0.5, factor=3, max_s=10, jitter=0)
+    assert [b.delay(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.5, 4.5, 10, 10]
+    assert b.delay(10_000) == 10
+
+
+def test_backoff_jitter_only_shortens_within_its_fraction() -> None:
+    b = Backoff(base_s=2, factor=2, max_s=100, jitter=0.25)
+    rng = random.Random(7)
+    delays = [b.delay(3, rng) for _ in range(500)]
+    assert all(6 <= d <= 8 for d in delays)
+    assert max(delays) - min(delays) > 1.5
+
+
+@pytest.mark.parametrize("bad", [dict(base_s=-1), dict(factor=0.5), dict(jitter=1.5), dict(max_s=-2)])
+def test_backoff_refuses_nonsense(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Backoff(**bad)
+
+
+def test_decide() -> None:
+    b = Backoff(base_s=1, factor=2, max_s=60, jitter=0)
+    assert decide(Fatal("bad card"), 1, 5, b) == decide(Fatal("bad card"), 4, 5, b)
+    assert decide(Fatal("bad card"), 1, 5, b).reason == "bad card"
+    assert decide(Fatal("bad card"), 1, 5, b).dead
+    assert decide(KeyError("k"), 1, 5, b, (KeyError,)).dead
+    retry = decide(ValueError("x"), 3, 5, b)
+    assert (retry.dead, retry.delay_s, retry.reason) == (False, 4.0, "ValueError: x")
+    assert decide(Retry(after=0.25), 1, 5, b).delay_s == 0.25
+    assert decide(Retry(), 2, 5, b).delay_s == 2.0
+    last = decide(Retry(after=1), 5, 5, b)
+    assert last.dead and last.reason.startswith("failed 5 of 5 attempts: Retry")
+    assert len(decide(ValueError("é" * 5000), 5, 5, b).reason.encode()) <= 4096
+
+
+def test_parse_shards() -> None:
+    assert parse_shards("0,2,5-7, 2") == [0, 2, 5, 6, 7]
+    for bad in ("", "a", "1-", "-1", "1-x"):
+        with pytest.raises(ValueError):
+            parse_shards(bad)
+
+
+def test_import_handler() -> None:
+    assert import_handler("tests.worker_jobs:handle").__name__ == "handle"
+    assert import_handler("tests.worker_jobs.ahandle").__name__ == "ahandle"
+    with pytest.raises(ValueError):
+        import_handler("nodots")
+    with pytest.raises(ImportError):
+        import_handler("no_such_module_here:f")
+    with pytest.raises(AttributeError):
+        import_handler("tests.worker_jobs:missing")
+
+
+# -- the sync worker
+
+
+@pytest.fixture
+def make(redis_client: felix_redis.Client) -> Callable[..., felix_redis.Client]:
+    def create(vt_ms: int = 30_000, max_attempts: int = 5, shards: int = 1) -> felix_redis.Client:
+        redis_client.stream_create(T, N, S, shards=shards)
+        redis_client.group_create(T, N, S, G, visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
+        return redis_client
+
+    return create
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_burst_worker_handles_every_record_of_every_shard(make: Callable[..., felix_redis.Client]) -> None:
+    c = make(shards=3)
+    for i in range(60):
+        c.publish(T, N, S, str(i))
+    seen: list[int] = []
+    lock = threading.Lock()
+    peak = [0, 0]
+
+    def handler(record: Record) -> None:
+        with lock:
+            peak[0] += 1
+            peak[1] = max(peak)
+        time.sleep(0.005)
+        with lock:
+            seen.append(int(record.payload))
+            peak[0] -= 1
+
+    w = Worker(c, T, N, S, G, handler, concurrency=4, burst=True, handle_signals=False)
+    w.run()
+    assert sorted(seen) == list(range(60))
+    assert 1 < peak[1] <= 4
+    assert (w.stats.processed, w.stats.failed, w.stats.in_flight) == (60, 0, 0)
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_outcomes_are_logged_one_line_each(
+    make: Callable[..., felix_redis.Client], caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make(max_attempts=2)
+    c.publish(T, N, S, "ok")
+    c.publish(T, N, S, "poison")
+
+    def handler(record: Record) -> None:
+        if record.payload == b"poison":
+            raise Fatal("cannot parse")
+
+    caplog.set_level(logging.DEBUG, logger="felix_redis.worker")
+    Worker(c, T, N, S, G, handler, burst=True, handle_signals=False).run()
+    lines = [r for r in caplog.records if r.getMessage().startswith("job ")]
+    assert [r.levelno for r in lines] == [logging.DEBUG, logging.WARNING]
+    ok, dead = (r.getMessage() for r in lines)
+    assert "stream=acme/prod/jobs shard=0 offset=0 attempts=1 outcome=acked duration_ms=" in ok
+    assert "offset=1 attempts=1 outcome=dead" in dead and "error='cannot parse'" in dead
+    assert lines[1].felix_job["outcome"] == "dead"  # type: ignore[attr-defined]
+    assert any("worker stopped" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+def test_leases_are_extended_while_the_handler_runs(make: Callable[..., felix_redis.Client]) -> None:
+    c = make(vt_ms=300)
+    c.publish(T, N, S, "slow")
+    attempts: list[int] = []
+    started = threading.Event()
+
+    def handler(record: Record) -> None:
+        attempts.append(record.attempts)
+        started.set()
+        time.sleep(1.2)
+
+    w = Worker(c, T, N, S, G, handler, poll_wait_s=0.1, handle_signals=False)
+    thread = run_in_thread(w)
+    assert started.wait(3)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert c.group_poll(T, N, S, 0, G) == [], "another poll got the record while it ran"
+        time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while w.stats.processed == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.stop()
+    thread.join(5)
+    assert attempts == [1] and w.stats.processed == 1
+
+
+def test_a_handler_past_the_hard_limit_loses_its_lease(make: Callable[..., felix_redis.Client]) -> None:
+    c = make(vt_ms=300)
+    c.publish(T, N, S, "stuck")
+    started, release = threading.Event(), threading.Event()
+
+    def handler(record: Record) -> None:
+        started.set()
+        release.wait(5)
+
+    w = Worker(c, T, N, S, G, handler, hard_limit_s=0.2, poll_wait_s=0.1, grace_s=0.2, handle_signals=False)
+    thread = run_in_thread(w)
+    try:
+        assert started.wait(3)
+        records = c.group_poll(T, N, S, 0, G, wait=3)
+        assert [r.attempts for r in records] == [2]
+    finally:
+        release.set()
+        w.stop()
+        thread.join(5)
+
+
+def test_stop_lets_handlers_finish_within_grace_and_hands_back_the_rest(
+    make: Callable[..., felix_redis.Client],
+) -> None:
+    c = make()
+    c.publish(T, N, S, "quick")
+    c.publish(T, N, S, "slow")
+    started = threading.Barrier(3)
+    release = threading.Event()
+
+    def handler(record: Record) -> None:
+        started.wait(5)
+        if record.payload == b"quick":
+            time.sleep(0.1)
+        else:
+            release.wait(10)
+
+    w = Worker(c, T, N, S, G, handler, concurrency=2, grace_s=0.5, poll_wait_s=0.1, handle_signals=False)
+    thread = run_in_thread(w)
+    started.wait(5)
+    w.stop()
+    thread.join(5)
+    release.set()
+    assert not thread.is_alive()
+    assert (w.stats.processed, w.stats.handed_back) == (1, 1)
+    info = c.group_describe(T, N, S, G)
+    assert (info.in_flight, info.owed) == (0, 1)
+    assert [r.payload for r in c.group_poll(T, N, S, 0, G)] == [b"slow"]
+
+
+def test_a_shard_subset_only_polls_those_shards(make: Callable[..., felix_redis.Client]) -> None:
+    c = make(shards=3)
+    for shard in range(3):
+        for _ in range(4):
+            c.publish(T, N, S, f"s{shard}", shard=shard)
+    seen: list[int] = []
+    Worker(c, T, N, S, G, lambda r: seen.append(r.shard), shards=[0, 2], burst=True, concurrency=3,
+           consumer="w-1", handle_signals=False).run()
+    assert sorted(seen) == [0] * 4 + [2] * 4
+    info = c.group_describe(T, N, S, G)
+    assert [s.lag for s in info.shards] == [0, 4, 0]
+    with pytest.raises(ValueError, match="no shard"):
+        Worker(c, T, N, S, G, print, shards=[5], handle_signals=False).run()
+
+
+def test_a_shard_subset_long_polls(make: Callable[..., felix_redis.Client]) -> None:
+    c = make(shards=2)
+    got = threading.Event()
+    w = Worker(c, T, N, S, G, lambda r: got.set(), shards=[1], poll_wait_s=5, handle_signals=False)
+    thread = run_in_thread(w)
+    time.sleep(0.2)
+    started = time.monotonic()
+    c.publish(T, N, S, "x", shard=1)
+    assert got.wait(3) and time.monotonic() - started < 1
+    w.stop()
+    thread.join(7)
+
+
+# -- the asyncio worker
+
+
+@pytest.fixture
+def aclient(make: Callable[..., felix_redis.Client], redis_url: str) -> Iterator[Callable[[], aio.AsyncClient]]:
+    yield lambda: aio.connect(redis_url)
+
+
+def test_async_worker_acks_retries_and_dead_letters(
+    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    c = make(max_attempts=3)
+    for payload in ("ok", "retry", "fatal", "boom"):
+        c.publish(T, N, S, payload)
+    running = [0, 0]
+
+    async def handler(record: Record) -> None:
+        running[0] += 1
+        running[1] = max(running)
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+        if record.payload == b"retry" and record.attempts == 1:
+            raise Retry(after=0)
+        if record.payload == b"fatal":
+            raise Fatal("nope")
+        if record.payload == b"boom":
+            raise KeyError("k")
+
+    async def main() -> AsyncWorker:
+        async with aclient() as client:
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=3, dead_letter_on=(KeyError,),
+                            burst=True, handle_signals=False)
+            await w.run()
+            return w
+
+    w = asyncio.run(main())
+    assert (w.stats.processed, w.stats.retried, w.stats.dead_lettered) == (2, 1, 2)
+    assert running[1] == 3
+    dead = {d.offset: d.reason for d in c.group_dead_letters(T, N, S, 0, G)}
+    assert dead == {2: "nope", 3: "KeyError: 'k'"}
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_async_worker_cancels_past_the_hard_limit_and_hands_back_on_stop(
+    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    c = make(vt_ms=300)
+    c.publish(T, N, S, "stuck")
+    cancelled: list[bytes] = []
+
+    async def handler(record: Record) -> None:
+        try:
+            await asyncio.sleep(0.45 if record.payload == b"long" else 30)
+        except asyncio.CancelledError:
+            cancelled.append(record.payload)
+            raise
+
+    async def main() -> AsyncWorker:
+        async with aclient() as client:
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=2, hard_limit_s=0.5, grace_s=0.1,
+                            poll_wait_s=0.1, backoff=Backoff(60, jitter=0), handle_signals=False)
+            task = asyncio.create_task(w.run())
+            await asyncio.sleep(0.8)
+            assert w.stats.retried == 1  # "stuck" was cancelled at 0.5 s and nacked for 60 s
+            await client.publish(T, N, S, "long")
+            while w.stats.in_flight == 0:
+                await asyncio.sleep(0.01)
+            w.stop()
+            await asyncio.wait_for(task, 5)
+            return w
+
+    w = asyncio.run(main())
+    assert cancelled == [b"stuck", b"long"]
+    assert w.stats.handed_back == 1
+    info = c.group_describe(T, N, S, G)
+    assert (info.in_flight, info.owed) == (0, 2)
+
+
+# -- CLI wiring
+
+
+def test_cli_worker_burst_with_context_from_the_main_group(
+    make: Callable[..., felix_redis.Client], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = make()
+    c.publish(T, N, S, '{}')
+    monkeypatch.setenv("WORKER_JOBS_URL", redis_url)
+
+    @click.group()
+    @click.pass_context
+    def main(ctx: click.Context) -> None:
+        ctx.obj = {"url": redis_url, "tenant": T, "namespace": N}
+
+    main.add_command(worker_cmd)
+    result = CliRunner().invoke(main, ["worker", S, G, "tests.worker_jobs:handle", "--burst"])
+    assert result.exit_code == 0, result.output
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_cli_worker_usage_and_operation_errors(make: Callable[..., felix_redis.Client], redis_url: str) -> None:
+    make()
+    runner = CliRunner()
+    result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "nope:nothing"])
+    assert result.exit_code == 2 and "cannot import nope:nothing" in result.output
+    result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "tests.worker_jobs:handle", "--shards", "x"])
+    assert result.exit_code == 2
+    result = runner.invoke(worker_cmd, ["--redis-url", redis_url, "--tenant", T, "--namespace", N,
+                                        "missing", G, "tests.worker_jobs:handle", "--burst"])
+    assert result.exit_code == 1
+    assert result.output.startswith("felixctl: error: ") and "missing" in result.output
+    result = runner.invoke(metrics_cmd, ["--listen", "nowhere"])
+    assert result.exit_code == 2
