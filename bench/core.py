@@ -149,6 +149,16 @@ class WorkerContext:
     def stopping(self) -> bool:
         return self.shared.stop.is_set()
 
+    def on_stop(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback`` from a helper thread once the driver says stop."""
+        import threading
+
+        def watch() -> None:
+            self.shared.stop.wait()
+            callback()
+
+        threading.Thread(target=watch, name="bench-stop", daemon=True).start()
+
     def job(self, sent: float) -> None:
         """One job handled; ``sent`` is its publish time."""
         now = time.monotonic()

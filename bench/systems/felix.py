@@ -209,29 +209,47 @@ class FelixSharded(Felix):
                 group.ack_many(items)
 
 
+def _worker_class() -> Any:
+    """``felix_redis.Worker``, or the runtime's own module while it is not re-exported."""
+    import felix_redis
+
+    cls = getattr(felix_redis, "Worker", None)
+    if cls is None:
+        try:
+            from felix_redis.worker import Worker as cls
+        except ImportError:
+            raise Unavailable("felix_redis has no Worker yet") from None
+    return cls
+
+
 class FelixWorker(Felix):
-    """The ``felix_redis.Worker`` runtime with ``concurrency`` in flight per process."""
+    """The ``felix_redis.Worker`` runtime: ``concurrency`` handler threads per process."""
 
     name = "felix-worker"
     uses = ("publish_batch",)
 
     def setup(self) -> None:
         super().setup()
-        import felix_redis
-
-        _need(felix_redis, "Worker")
+        _worker_class()
 
     def scenarios(self) -> list[Scenario]:
         return RedisSystem.scenarios(self)[1:3]
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
-        import felix_redis
-
         client = _connect(self.cfg.redis_url)
 
         def handler(record: Any) -> None:
             job(_sent(record))
 
-        runtime = felix_redis.Worker(client, *NAME, GROUP, handler, concurrency=self.cfg.concurrency)
+        runtime = _worker_class()(
+            client,
+            *NAME,
+            GROUP,
+            handler,
+            concurrency=self.cfg.concurrency,
+            poll_wait_s=WAIT_S,
+            handle_signals=False,
+        )
         ctx.wait_go()
+        ctx.on_stop(runtime.stop)
         runtime.run()
