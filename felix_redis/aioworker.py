@@ -127,6 +127,8 @@ class AsyncWorker:
             raise ValueError("concurrency must be at least 1")
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
+        if poll_wait_s <= 0:
+            raise ValueError("poll_wait_s must be positive")
         self.client = client
         self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
         self.handler = handler
@@ -205,7 +207,7 @@ class AsyncWorker:
         except FelixError as exc:
             log.error("poll failed stream=%s group=%s: %s", self._where, self.group, exc)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), min(self.poll_wait_s, 1.0) or 0.1)
+                await asyncio.wait_for(self._stopping.wait(), min(self.poll_wait_s, 1.0))
             return
         for item in items:
             self._dispatch(Job(item))
@@ -214,7 +216,7 @@ class AsyncWorker:
                 log.info("burst: nothing due, stopping stream=%s group=%s", self._where, self.group)
                 self._stopping.set()
             else:
-                await self._wait_changed(self.poll_wait_s or 0.05)
+                await self._wait_changed(self.poll_wait_s)
 
     async def _wait_changed(self, timeout: float) -> None:
         self._changed.clear()
@@ -363,8 +365,8 @@ class AsyncWorker:
     async def _hand_back(self, job: Job) -> None:
         duration = time.monotonic() - job.started
         try:
-            await self._group.nack(job.item, 0.0)
-            outcome = HANDED_BACK
+            dead = await self._group.nack(job.item, 0.0)
+            outcome = DEAD if dead else HANDED_BACK  # dead: it was the last allowed attempt
         except FelixError:
             outcome = STALE
         report_outcome(self.stats, self._metrics, self._where, job.item.record, outcome, duration, "reason=shutdown")

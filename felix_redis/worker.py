@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import logging
 import os
 import queue
@@ -336,6 +337,10 @@ class Worker:
             raise ValueError("concurrency must be at least 1")
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
+        if poll_wait_s <= 0:
+            raise ValueError("poll_wait_s must be positive")
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError("the handler is an async def; run it with felix_redis.aioworker.AsyncWorker")
         self.client = client
         self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
         self.handler = handler
@@ -429,7 +434,7 @@ class Worker:
             items = self._source.poll(free, None if self.burst else self.poll_wait_s)
         except FelixError as exc:
             log.error("poll failed stream=%s group=%s: %s", self._where, self.group, exc)
-            self._stopping.wait(min(self.poll_wait_s, 1.0) or 0.1)
+            self._stopping.wait(min(self.poll_wait_s, 1.0))
             return
         for item in items:
             self._dispatch(Job(item))
@@ -449,7 +454,7 @@ class Worker:
                 self._stopping.set()
                 return
             # Jobs still run; one of them may hand its record back, due at once.
-            self._slots.wait(self.poll_wait_s or 0.05)
+            self._slots.wait(self.poll_wait_s)
 
     def _dispatch(self, job: Job) -> None:
         with self._slots:
@@ -480,7 +485,7 @@ class Worker:
         record = job.item.record
         try:
             self.handler(record)
-        except Exception as exc:
+        except BaseException as exc:  # a thread has no one above it to catch SystemExit
             duration = time.monotonic() - job.started
             if job.settle("finished"):
                 if not isinstance(exc, (Retry, Fatal)):
@@ -491,7 +496,7 @@ class Worker:
             duration = time.monotonic() - job.started
             job.settle("finished", lambda: self._acks.put((job, duration)))
 
-    def _fail(self, job: Job, exc: Exception, duration: float) -> None:
+    def _fail(self, job: Job, exc: BaseException, duration: float) -> None:
         record = job.item.record
         with self._stats_lock:
             self.stats.failed += 1
@@ -605,8 +610,8 @@ class Worker:
     def _hand_back(self, job: Job) -> None:
         duration = time.monotonic() - job.started
         try:
-            self._group.nack(job.item, 0.0)
-            outcome = HANDED_BACK
+            dead = self._group.nack(job.item, 0.0)
+            outcome = DEAD if dead else HANDED_BACK  # dead: it was the last allowed attempt
         except FelixError:
             outcome = STALE
         self._outcome(job.item.record, outcome, duration, "reason=shutdown")

@@ -77,8 +77,11 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+    """The worker's own loggers at ``level``; everything else at INFO or above."""
+    chosen = logging.getLevelName(level.upper())
+    logging.basicConfig(level=max(chosen, logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("felix_redis").setLevel(chosen)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -99,7 +102,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
               help="Seconds running handlers may finish after SIGTERM/SIGINT.")
 @click.option("--hard-limit", "hard_limit_s", type=click.FloatRange(0, min_open=True), default=None,
               help="Stop extending the lease of a handler running this many seconds (async: cancel it).")
-@click.option("--poll-wait", "poll_wait_s", type=click.FloatRange(0), default=1.0, show_default=True,
+@click.option("--poll-wait", "poll_wait_s", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
               help="Seconds one poll waits for records.")
 @click.option("--backoff-base", type=click.FloatRange(0), default=1.0, show_default=True,
               help="First retry delay, seconds.")
@@ -168,7 +171,13 @@ def _worker_metrics(listen: str | None) -> Any:
     except ImportError:
         _fail("--metrics-listen needs prometheus-client (pip install 'felix-redis[metrics]')")
     host, port = _listen(listen)
-    start_http_server(port, host)
+    try:
+        server, _thread = start_http_server(port, host)
+    except OSError as exc:
+        _fail(f"cannot listen on {listen}: {exc}")
+    bound_host, bound_port = server.server_address[:2]
+    logging.getLogger("felix_redis.worker").info("serving worker metrics on http://%s:%s/metrics",
+                                                 bound_host, bound_port)
     return default_worker_metrics()
 
 
