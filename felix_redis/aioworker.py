@@ -190,7 +190,7 @@ class AsyncWorker:
                 raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
             self._source = AsyncShardPoller(self.client, self.tenant, self.namespace, self.stream,
                                             self.group, self.shards, self.consumer)
-        self._stopping.clear()
+        self._acks = asyncio.Queue()
         self._helpers = [asyncio.create_task(self._heartbeat_task()), asyncio.create_task(self._settle_task())]
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
@@ -358,6 +358,7 @@ class AsyncWorker:
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await heartbeat
+        self._stopping.clear()  # run() may be called again
         self._restore_signal_handlers()
         log.info("async worker stopped stream=%s group=%s %s", self._where, self.group,
                  " ".join(f"{k}={v}" for k, v in self.stats.as_dict().items()))

@@ -406,8 +406,9 @@ class Worker:
                 raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
             self._source = ShardPoller(self.client, self.tenant, self.namespace, self.stream,
                                        self.group, self.shards, self.consumer)
-        self._stopping.clear()
         self._done.clear()
+        self._queue = queue.SimpleQueue()
+        self._acks = queue.SimpleQueue()
         self._start_threads()
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
@@ -603,6 +604,7 @@ class Worker:
         settle = next(t for t in self._threads if t.name == "felix-settle")
         settle.join(max(1.0, deadline - time.monotonic()))
         self._done.set()
+        self._stopping.clear()  # run() may be called again
         self._restore_signal_handlers()
         log.info("worker stopped stream=%s group=%s %s", self._where, self.group,
                  " ".join(f"{k}={v}" for k, v in self.stats.as_dict().items()))

@@ -363,3 +363,23 @@ def test_cli_worker_usage_and_operation_errors(make: Callable[..., felix_redis.C
     assert result.output.startswith("felixctl: error: ") and "missing" in result.output
     result = runner.invoke(metrics_cmd, ["--listen", "nowhere"])
     assert result.exit_code == 2
+
+
+def test_stop_before_run_returns_at_once_and_run_can_be_repeated(make: Callable[..., felix_redis.Client]) -> None:
+    c = make()
+    c.publish(T, N, S, "x")
+    seen: list[bytes] = []
+    w = Worker(c, T, N, S, G, lambda r: seen.append(r.payload), poll_wait_s=5, handle_signals=False)
+    w.stop()
+    started = time.monotonic()
+    w.run()
+    assert time.monotonic() - started < 1 and seen == []
+    w.burst = True
+    w.run()
+    assert seen == [b"x"]
+    with pytest.raises(TypeError, match="AsyncWorker"):
+        Worker(c, T, N, S, G, handler_async_example)
+
+
+async def handler_async_example(record: Record) -> None:
+    """An async handler, which the sync Worker refuses."""
