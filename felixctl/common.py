@@ -175,7 +175,8 @@ class ClaimRunner:
         self.failed = 0
 
     @contextlib.contextmanager
-    def each(self) -> Iterator[None]:
+    def each(self, label: str) -> Iterator[None]:
+        """Runs the block for the claim(s) ``label``; a FelixError is reported, not raised."""
         try:
             yield
         except FelixError as exc:
@@ -184,7 +185,7 @@ class ClaimRunner:
             self.failed += 1
             error = as_operation_error(exc, self.url)
             assert error is not None
-            error.show()
+            OperationError(f"{label}: {error.message}").show()
 
     def finish(self) -> None:
         if self.failed:

@@ -306,7 +306,7 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
     parsed = parse_claims(claims, attempts_required=False)
     runner = ClaimRunner(ctl.url)
     for shard, group_claims in by_shard(parsed).items():
-        with runner.each():
+        with runner.each(" ".join(str(c) for c in group_claims)):
             done = ctl.client.group_ack_many(*ctl.where(stream), shard, group, [c.offset for c in group_claims])
             for claim, acked in zip(group_claims, done, strict=True):
                 click.echo(f"acked {claim}" if acked else f"{claim} was finished already")
@@ -328,7 +328,7 @@ def nack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], delay_ms: i
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
     for claim in parsed:
-        with runner.each():
+        with runner.each(str(claim)):
             dead = ctl.client.group_nack(*ctl.where(stream), claim.shard, group, str(claim), delay=delay_ms / 1000)
             if dead:
                 click.echo(f"{claim} reached max attempts and is now a dead letter")
@@ -353,7 +353,7 @@ def extend(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], by_ms: in
     runner = ClaimRunner(ctl.url)
     by = None if by_ms is None else by_ms / 1000
     for claim in parsed:
-        with runner.each():
+        with runner.each(str(claim)):
             until = ctl.client.group_extend(*ctl.where(stream), claim.shard, group, str(claim), by=by)
             when = datetime.fromtimestamp(until / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
             click.echo(f"extended {claim} until {when}")
@@ -371,7 +371,7 @@ def dead_letter(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], reas
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
     for claim in parsed:
-        with runner.each():
+        with runner.each(str(claim)):
             ctl.client.group_dead_letter(*ctl.where(stream), claim.shard, group, str(claim), reason=reason)
             click.echo(f"dead-lettered {claim}")
     runner.finish()
