@@ -1,0 +1,118 @@
+"""felixctl demo: runs to completion, tells the story, cleans up after itself."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import felixctl.demo as demo_module
+from felixctl.cli import cli
+from felixctl.demo import Plan, choose_backend
+
+CLOSED = "redis://127.0.0.1:1/0"
+
+
+def run_demo(url: str, *args: str) -> str:
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["--redis-url", url, "demo", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert time.monotonic() - started < 15
+    return result.stdout
+
+
+def check_story(out: str) -> None:
+    lower = out.lower()
+    assert "dead letter" in lower
+    assert "redriv" in lower
+    assert "attempt 2" in out  # a retry
+    assert "now a dead letter: 3 attempts used up" in out
+    assert "after the redrive" in out
+    assert out.rstrip().splitlines()[-3].endswith("Nothing owed, nothing in flight.")
+    lines = out[out.index("Final state"):].splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("SHARD"))
+    rows = [line.split() for line in lines[header + 1:header + 4] if line.strip()]
+    assert rows and rows[-1][0] == "all"
+    for row in rows:  # LAG, IN-FLIGHT, OWED, DEAD
+        assert row[-6] == row[-4] == row[-3] == row[-2] == "0", row
+
+
+def test_demo_on_a_throwaway_server(raw: redis.Redis, redis_url: str) -> None:
+    raw.set("someone-elses-key", "untouched")
+    out = run_demo(redis_url)
+    check_story(out)
+    assert f"the Redis at {redis_url}" in out
+    assert "Deleted the demo stream" in out
+    assert raw.get("someone-elses-key") == b"untouched"
+    assert raw.zcard("felix:streams") == 0
+    # Nothing of the demo stays for good (idempotent-producer memory expires by itself).
+    left = [k for k in raw.keys("felix:{demo-*") if raw.ttl(k) < 0]
+    assert left == []
+
+
+def test_demo_on_memory() -> None:
+    out = run_demo("memory://demo-test", "--orders", "3", "--workers", "2")
+    check_story(out)
+    assert "in-process memory://demo-test backend" in out
+
+
+def test_demo_keep_leaves_the_stream(raw: redis.Redis, redis_url: str) -> None:
+    out = run_demo(redis_url, "--orders", "1", "--keep")
+    check_story(out)
+    tenant = re.search(r"--tenant (demo-[0-9a-f]+)", out)
+    assert tenant is not None
+    members = [m.decode() for m in raw.zrange("felix:streams", 0, -1)]
+    assert members == [f"{tenant.group(1)}/checkout/orders"]
+
+
+def test_same_seed_same_failures(redis_url: str) -> None:
+    def dead_letters(out: str) -> str:
+        return out[out.index("Dead letters"):out.index("Fixing the bug")]
+
+    first = run_demo("memory://seed-a", "--seed", "42")
+    second = run_demo("memory://seed-b", "--seed", "42")
+    assert dead_letters(first) == dead_letters(second)
+    assert Plan.make([1, 2, 3], 42) == Plan.make([1, 2, 3], 42)
+
+
+def test_choose_backend_prefers_the_given_url() -> None:
+    backend = choose_backend("redis://:pw@example.invalid:6379/0")
+    assert backend.url == "redis://:pw@example.invalid:6379/0"
+    assert "pw@" not in backend.description
+    assert backend.server is None
+
+
+def test_choose_backend_starts_a_throwaway_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    if demo_module.redis_server_binary() is None:
+        pytest.skip("no redis-server binary")
+    backend = choose_backend(None, local_url=CLOSED)
+    try:
+        assert backend.server is not None
+        assert "throwaway redis-server" in backend.description
+        assert redis.Redis.from_url(backend.url).ping()
+    finally:
+        backend.close()
+
+
+def test_choose_backend_falls_back_to_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo_module, "redis_server_binary", lambda: None)
+    backend = choose_backend(None, local_url=CLOSED)
+    assert backend.url.startswith("memory://demo-")
+    assert "memory://" in backend.description
+
+
+def test_choose_backend_uses_a_local_redis_that_answers(redis_url: str) -> None:
+    backend = choose_backend(None, local_url=redis_url)
+    assert backend.url == redis_url
+    assert backend.server is None
+    assert "answered" in backend.description
+
+
+def test_demo_help_has_examples() -> None:
+    result = CliRunner().invoke(cli, ["demo", "--help"])
+    assert result.exit_code == 0
+    assert "felixctl demo --orders" in result.stdout
