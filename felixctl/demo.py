@@ -333,7 +333,7 @@ def job_of(item: Item) -> tuple[int, str]:
     return job_of_payload(item.payload)
 
 
-@click.command("demo", epilog=examples(
+@click.command("demo", short_help="Run the checkout story: retries, a dead letter, a redrive.", epilog=examples(
     "felixctl demo",
     "felixctl demo --orders 10 --workers 4 --seed 7",
     "felixctl --redis-url redis://localhost:6379/0 demo --keep",

@@ -45,7 +45,7 @@ max_attempts_option = click.option(
 )
 
 
-@click.group(epilog=examples(
+@click.group(short_help="Consumer groups: poll, settle claims, dead letters.", epilog=examples(
     "felixctl group create jobs workers --from earliest",
     "felixctl group poll jobs workers --max 5 --wait-ms 5000",
     "felixctl group ack jobs workers 0:15:1",

@@ -43,6 +43,7 @@ def read_stdin_payload() -> bytes:
 
 @click.command(
     "pub",
+    short_help="Publish a record (or one per line of a file).",
     epilog=examples(
         "felixctl pub jobs '{\"order\":42,\"task\":\"send-receipt\"}'",
         "echo hello | felixctl pub jobs -",
@@ -145,6 +146,7 @@ def publish_file(
 
 @click.command(
     "sub",
+    short_help="Replay or tail a stream's log.",
     epilog=examples(
         "felixctl sub jobs                      # replay every shard from its first record",
         "felixctl sub jobs --from latest -f     # print new records as they arrive",
