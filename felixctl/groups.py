@@ -73,7 +73,7 @@ def create(
     ctl: Ctl, stream: str, group: str, start: str | int, visibility_timeout_ms: int | None,
     max_attempts: int | None,
 ) -> None:
-    """Create GROUP on STREAM (on every shard)."""
+    """Create a group (on every shard of STREAM)."""
     ctl.client.group_create(
         *ctl.where(stream), group, start=start, visibility_timeout_ms=visibility_timeout_ms,
         max_attempts=max_attempts,
@@ -93,7 +93,10 @@ def create(
 def configure(
     ctl: Ctl, stream: str, group: str, visibility_timeout_ms: int | None, max_attempts: int | None
 ) -> None:
-    """Change GROUP's visibility timeout or attempt bound (applies to later polls)."""
+    """Change the visibility timeout or attempt bound.
+
+    The new values apply to later polls.
+    """
     if visibility_timeout_ms is None and max_attempts is None:
         raise click.UsageError("nothing to change: give --visibility-timeout-ms and/or --max-attempts")
     ctl.client.group_configure(
@@ -126,7 +129,10 @@ def list_(ctl: Ctl, stream: str, output: str) -> None:
 @yes_option
 @pass_ctl
 def delete(ctl: Ctl, stream: str, group: str, yes: bool) -> None:
-    """Delete GROUP: its position, leases and dead letters (the records stay)."""
+    """Delete a group (the records stay in the log).
+
+    Its position, leases and dead letters are gone afterwards.
+    """
     confirm(f"Delete group {group} of {ctl.path(stream)} with its position and dead letters?",
             yes=yes, what="group delete")
     ctl.client.group_delete(*ctl.where(stream), group)
@@ -175,7 +181,11 @@ def describe_text(info: GroupInfo) -> str:
 @output_option()
 @pass_ctl
 def describe(ctl: Ctl, stream: str, group: str, output: str) -> None:
-    """Show GROUP's state on every shard: position, tail, lag, pending, in-flight, owed, dead."""
+    """Show the group's state on every shard.
+
+    Columns: position, tail, lag, pending, in-flight, owed, dead and the age of the
+    oldest unfinished record.
+    """
     info = ctl.client.group_describe(*ctl.where(stream), group)
     if output == "json":
         emit_json(group_json(info))
@@ -195,7 +205,7 @@ def describe(ctl: Ctl, stream: str, group: str, output: str) -> None:
 @output_option()
 @pass_ctl
 def keys(ctl: Ctl, stream: str, group: str, shard: int | None, role: str | None, output: str) -> None:
-    """Print the Redis keys holding GROUP on STREAM, for inspection with redis-cli.
+    """Print the Redis keys of a group, for redis-cli.
 
     The keys belong to felix-redis: read them, never write them.
     """
@@ -246,7 +256,10 @@ def poll(
     ctl: Ctl, stream: str, group: str, max_records: int, wait_ms: int, shard: int | None,
     consumer: str | None, reclaim: bool, output: str,
 ) -> None:
-    """Take up to --max records from GROUP under a lease, due redeliveries first."""
+    """Take records under a lease.
+
+    Up to --max records, due redeliveries first, then new ones in offset order.
+    """
     if reclaim and consumer is None:
         raise click.UsageError("--reclaim needs --consumer NAME")
     wait = wait_ms / 1000 if wait_ms else None
@@ -302,7 +315,10 @@ def poll_shards_as(
 @claims_argument
 @pass_ctl
 def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
-    """Finish the records of the given CLAIMs (SHARD:OFFSET:ATTEMPTS or SHARD:OFFSET)."""
+    """Finish records.
+
+    CLAIM is SHARD:OFFSET:ATTEMPTS as poll printed it (SHARD:OFFSET works too).
+    """
     parsed = parse_claims(claims, attempts_required=False)
     runner = ClaimRunner(ctl.url)
     for shard, group_claims in by_shard(parsed).items():
@@ -324,7 +340,10 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
               help="Redeliver no sooner than this.")
 @pass_ctl
 def nack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], delay_ms: int) -> None:
-    """Hand the records of CLAIMs back for redelivery (a dead letter once max attempts is reached)."""
+    """Hand records back for redelivery.
+
+    A record whose deliveries reached max attempts becomes a dead letter instead.
+    """
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
     for claim in parsed:
@@ -348,7 +367,7 @@ def nack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], delay_ms: i
               help="Lease ends this long from now (default: the group's visibility timeout).")
 @pass_ctl
 def extend(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], by_ms: int | None) -> None:
-    """Extend the leases of CLAIMs, for slow work."""
+    """Extend leases, for slow work."""
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
     by = None if by_ms is None else by_ms / 1000
@@ -367,7 +386,10 @@ def extend(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], by_ms: in
 @click.option("--reason", default="", help="Why, kept with the dead letter.")
 @pass_ctl
 def dead_letter(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], reason: str) -> None:
-    """Make the records of CLAIMs dead letters now (they stay in the log)."""
+    """Make records dead letters now.
+
+    The records stay in the log; redrive makes them owed again.
+    """
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
     for claim in parsed:
@@ -397,7 +419,7 @@ def _shards(ctl: Ctl, stream: str, shard: int | None) -> list[int]:
 @output_option()
 @pass_ctl
 def dead_letters(ctl: Ctl, stream: str, group: str, shard: int | None, payloads: bool, output: str) -> None:
-    """List GROUP's dead letters: SHARD:OFFSET, attempts, when and why."""
+    """List dead letters: SHARD:OFFSET, attempts, when, why."""
     letters = []
     for s in _shards(ctl, stream, shard):
         letters += ctl.client.group_dead_letters(*ctl.where(stream), s, group)
@@ -481,7 +503,10 @@ _ALL = click.option("--all", "everything", is_flag=True, help="Every dead letter
 def redrive(
     ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
 ) -> None:
-    """Make dead letters owed again, attempts starting over (after the bug is fixed)."""
+    """Make dead letters owed again (attempts restart).
+
+    Run it after the bug is fixed.
+    """
     _settle_dead(ctl, stream, group, records, everything, shard, yes, "redrive")
 
 
