@@ -187,7 +187,7 @@ def test_long_poll_does_not_block_the_event_loop(backend: tuple[str, Any]) -> No
             tick = asyncio.ensure_future(ticker())
             start = time.monotonic()
             zero, one, _ = await asyncio.gather(
-                c.group_poll(T, N, S, 0, G, wait=5), other.group_poll(T, N, S, 1, G, wait=5), publish())
+                c.group_poll(T, N, S, 0, G, wait=4), other.group_poll(T, N, S, 1, G, wait=4), publish())
             elapsed = time.monotonic() - start
             tick.cancel()
             assert [r.payload for r in zero] == [b"zero"]
@@ -217,7 +217,7 @@ def test_long_poll_race_window(backend: tuple[str, Any], monkeypatch: pytest.Mon
         monkeypatch.setattr(c, "_execute", racing)
         try:
             start = time.monotonic()
-            records = await c.group_poll(T, N, S, 0, G, wait=5)
+            records = await c.group_poll(T, N, S, 0, G, wait=4)
             assert fired
             assert [r.payload for r in records] == [b"racer"]
             assert time.monotonic() - start < 1.0
@@ -239,13 +239,13 @@ def test_long_poll_wakes_on_nack_and_lapse(backend: tuple[str, Any]) -> None:
             await c.group_nack(T, N, S, 0, G, held)
 
         start = time.monotonic()
-        records, _ = await asyncio.gather(c.group_poll(T, N, S, 0, G, wait=5), nack())
+        records, _ = await asyncio.gather(c.group_poll(T, N, S, 0, G, wait=4), nack())
         assert [r.attempts for r in records] == [2]
         assert time.monotonic() - start < 0.28  # the nack, not the lapse, woke it
 
         # now the lease lapses after 300 ms
         start = time.monotonic()
-        records = await c.group_poll(T, N, S, 0, G, wait=5)
+        records = await c.group_poll(T, N, S, 0, G, wait=4)
         assert [r.attempts for r in records] == [3]
         assert 0.2 <= time.monotonic() - start < 1.5
 
@@ -431,7 +431,7 @@ def test_subscribe_async_for(backend: tuple[str, Any]) -> None:
 def test_subscribe_wakes_on_publish(backend: tuple[str, Any]) -> None:
     async def scenario(c: fa.AsyncClient, url: str) -> None:
         await c.stream_create(T, N, S)
-        sub = await c.subscribe(T, N, S, start="latest", block=5)
+        sub = await c.subscribe(T, N, S, start="latest", block=4)
         stamp: list[float] = []
 
         async def publish() -> None:

@@ -114,7 +114,7 @@ def test_wait_returns_at_once_when_records_are_due(client: felix_redis.Client) -
     setup(client)
     client.publish(T, N, S, b"a")
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     assert [r.payload for r in records] == [b"a"]
     assert time.monotonic() - start < 1.0
 
@@ -135,7 +135,7 @@ def test_publish_wakes_long_poller(client: felix_redis.Client, other: felix_redi
         other.publish(T, N, S, b"hello")
 
     thread = in_thread(publish, 0.2)
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     got = time.monotonic()
     thread.join()
     assert [(r.offset, r.attempts, r.payload) for r in records] == [(0, 1, b"hello")]
@@ -180,7 +180,7 @@ def test_publish_between_empty_poll_and_block_is_not_missed(
     setup(client)
     fired = before_first_block(client, monkeypatch, lambda: other.publish(T, N, S, b"racer"))
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     assert fired, "the poll never blocked"
     assert [r.payload for r in records] == [b"racer"]
@@ -195,7 +195,7 @@ def test_nack_between_empty_poll_and_block_is_not_missed(
     (held,) = other.group_poll(T, N, S, 0, G)
     fired = before_first_block(client, monkeypatch, lambda: other.group_nack(T, N, S, 0, G, held))
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     assert fired
     assert [(r.offset, r.attempts) for r in records] == [(0, 2)]
     assert time.monotonic() - start < 1.0
@@ -210,7 +210,7 @@ def test_redrive_between_empty_poll_and_block_is_not_missed(
     other.group_dead_letter(T, N, S, 0, G, held, reason="poison")
     fired = before_first_block(client, monkeypatch, lambda: other.group_redrive(T, N, S, 0, G))
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     assert fired
     assert [(r.offset, r.attempts) for r in records] == [(0, 1)]  # attempts start over
     assert time.monotonic() - start < 1.0
@@ -271,7 +271,7 @@ def test_nack_by_another_client_wakes_long_poller(
     (held,) = other.group_poll(T, N, S, 0, G)
     thread = in_thread(lambda: other.group_nack(T, N, S, 0, G, held, delay=0), 0.2)
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     thread.join()
     assert [(r.offset, r.attempts, r.payload) for r in records] == [(0, 2, b"job")]
@@ -284,7 +284,7 @@ def test_delayed_nack_is_delivered_when_due(client: felix_redis.Client, other: f
     (held,) = other.group_poll(T, N, S, 0, G)
     start = time.monotonic()
     other.group_nack(T, N, S, 0, G, held, delay=0.3)
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     assert [(r.offset, r.attempts) for r in records] == [(0, 2)]
     assert 0.25 <= elapsed < 1.5
@@ -299,7 +299,7 @@ def test_delayed_nack_made_while_blocking_is_delivered_when_due(
     (held,) = other.group_poll(T, N, S, 0, G)
     thread = in_thread(lambda: other.group_nack(T, N, S, 0, G, held, delay=0.3), 0.1)
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     thread.join()
     assert [(r.offset, r.attempts) for r in records] == [(0, 2)]
@@ -311,7 +311,7 @@ def test_lapse_wakes_long_poller_at_lapse_time(client: felix_redis.Client, other
     client.publish(T, N, S, b"job")
     (held,) = other.group_poll(T, N, S, 0, G)
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     assert [(r.offset, r.attempts) for r in records] == [(0, 2)]
     assert 0.2 <= elapsed < 1.5, f"delivered after {elapsed:.2f}s, the lease was 0.3s"
@@ -326,7 +326,7 @@ def test_extend_shorter_lease_wakes_long_poller(client: felix_redis.Client, othe
     (held,) = other.group_poll(T, N, S, 0, G)
     thread = in_thread(lambda: other.group_extend(T, N, S, 0, G, held, by=0.2), 0.1)
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     thread.join()
     assert [(r.offset, r.attempts) for r in records] == [(0, 2)]
@@ -341,7 +341,7 @@ def test_redrive_wakes_long_poller(client: felix_redis.Client, other: felix_redi
     assert [d.offset for d in other.group_dead_letters(T, N, S, 0, G)] == [0]
     thread = in_thread(lambda: other.group_redrive(T, N, S, 0, G, [0]), 0.2)
     start = time.monotonic()
-    records = client.group_poll(T, N, S, 0, G, wait=5)
+    records = client.group_poll(T, N, S, 0, G, wait=4)
     elapsed = time.monotonic() - start
     thread.join()
     assert [(r.offset, r.attempts) for r in records] == [(0, 1)]
@@ -463,12 +463,12 @@ def test_reclaim_then_long_poll_for_new_records(client: felix_redis.Client, othe
     """Reclaim happens once, up front; an empty reclaim then long-polls like any poll."""
     setup(client, visibility_timeout_ms=30_000)
     thread = in_thread(lambda: other.publish(T, N, S, b"new"), 0.2)
-    records = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, wait=5)
+    records = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, wait=4)
     thread.join()
     assert [(r.payload, r.attempts) for r in records] == [(b"new", 1)]
     # a reclaim with records to take back returns them without waiting
     start = time.monotonic()
-    back = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, wait=5)
+    back = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, wait=4)
     assert [(r.payload, r.attempts) for r in back] == [(b"new", 2)]
     assert time.monotonic() - start < 1.0
 

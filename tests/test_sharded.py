@@ -263,7 +263,7 @@ def test_long_poll_publish_in_the_race_window(
 
     monkeypatch.setattr(client, "_execute", racing)
     start = time.monotonic()
-    items = group.poll(8, wait=5)
+    items = group.poll(8, wait=4)
     assert fired
     assert [(i.shard, i.payload) for i in items] == [(2, b"racer")]
     assert time.monotonic() - start < 1.0
@@ -275,7 +275,7 @@ def test_long_poll_wakes_on_nack_on_any_shard(client: felix_redis.Client, other:
     group = client.group_sharded(T, N, S, G)
     thread = later(lambda: other.group_nack(T, N, S, 1, G, item.record), 0.2)
     start = time.monotonic()
-    items = group.poll(4, wait=5)
+    items = group.poll(4, wait=4)
     thread.join(5)
     assert [(i.shard, i.offset, i.attempts) for i in items] == [(1, 0, 2)]
     assert time.monotonic() - start < 1.5
@@ -286,7 +286,7 @@ def test_long_poll_wakes_at_a_lapse_on_any_shard(client: felix_redis.Client, oth
     other.group_sharded(T, N, S, G).poll(4)
     group = client.group_sharded(T, N, S, G)
     start = time.monotonic()
-    items = group.poll(4, wait=5)
+    items = group.poll(4, wait=4)
     elapsed = time.monotonic() - start
     assert [(i.shard, i.offset, i.attempts) for i in items] == [(2, 0, 2)]
     assert 0.2 <= elapsed < 1.5

@@ -139,7 +139,7 @@ def test_unknown_stream(client: felix_redis.Client) -> None:
 
 def test_iteration_blocks_and_wakes_on_publish(client: felix_redis.Client, other: felix_redis.Client) -> None:
     client.stream_create(T, N, S, shards=2)
-    sub = client.subscribe(T, N, S, start="latest", block=5)
+    sub = client.subscribe(T, N, S, start="latest", block=4)
     stamp: list[float] = []
 
     def publish() -> None:
@@ -180,7 +180,7 @@ def test_publish_in_the_race_window_is_not_missed(
 
     monkeypatch.setattr(client, "_execute", racing)
     start = time.monotonic()
-    records = sub.poll(block=5)
+    records = sub.poll(block=4)
     assert fired
     assert [r.payload for r in records] == [b"racer"]
     assert time.monotonic() - start < 1.0
