@@ -67,7 +67,7 @@ def _row(o: Outcome) -> Row:
 
 def _cells(r: Row) -> tuple[str, str, str]:
     """Value, ratio and note of one row, as printed."""
-    ratio = "" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
+    ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3g}x"
     if r["status"] != "ok":
         return "-", ratio, f"{r['status']}: {r['reason']}"
     if r["kind"] == "latency":
@@ -118,8 +118,20 @@ PANELS = (
 )
 
 
+def _label(row: Row) -> str:
+    """``system``, plus the scenario when it is a variant of the panel's scenario."""
+    scenario = row["scenario"]
+    return row["system"] if scenario == row["group"] else f"{row['system']} ({scenario})"
+
+
+def _color(row: Row) -> str:
+    if row["system"] == FLOOR:
+        return "#888888"
+    return "#d62728" if row["system"].startswith("felix") else "#1f77b4"
+
+
 def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
-    """Draw the PNG chart; False (with a note on stderr) when matplotlib is missing."""
+    """Draw the PNG chart (2 x 2 panels, log scale); False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -130,35 +142,41 @@ def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
         return False
     ok = [r for r in rows if r["status"] == "ok"]
     panels = [(g, t, [r for r in ok if r["group"] == g]) for g, t in PANELS]
-    panels = [p for p in panels if p[2]]
-    if not panels:
+    if not any(items for _, _, items in panels):
         return False
-    height = max(3.0, 0.28 * max(len(p[2]) for p in panels) + 1.2)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), height), squeeze=False)
-    for ax, (group, title, items) in zip(axes[0], panels, strict=True):
-        labels = [f"{r['system']} {r['scenario']}" for r in items]
-        ys = range(len(items))
+    tallest = max(len(items) for _, _, items in panels)
+    fig, axes = plt.subplots(2, 2, figsize=(13, max(5.0, 0.5 * tallest + 1.5)), squeeze=False)
+    for ax, (group, title, items) in zip(axes.flat, panels, strict=True):
+        ax.set_title(title, fontsize=9)
+        if not items:
+            ax.set_axis_off()
+            continue
+        ys = list(range(len(items)))
         if group == "latency":
-            ax.barh([y + 0.2 for y in ys], [r["p99_ms"] for r in items], 0.4, label="p99")
-            ax.barh([y - 0.2 for y in ys], [r["p50_ms"] for r in items], 0.4, label="p50")
-            ax.set_xscale("log")
+            p50 = [r["p50_ms"] for r in items]
+            p99 = [r["p99_ms"] for r in items]
+            ax.barh([y - 0.2 for y in ys], p50, 0.4, label="p50", color=[_color(r) for r in items])
+            ax.barh([y + 0.2 for y in ys], p99, 0.4, label="p99", color="#cccccc")
+            values, fmt = p50, "{:.2f} ms"
             ax.legend(loc="lower right", fontsize=7)
         else:
-            colors = [
-                "#888888" if r["system"] == FLOOR else "#d62728" if r["system"].startswith("felix") else "#1f77b4"
-                for r in items
-            ]
-            ax.barh(list(ys), [r["rate"] for r in items], color=colors)
-        ax.set_yticks(list(ys))
-        ax.set_yticklabels(labels, fontsize=7)
+            values, fmt = [r["rate"] for r in items], "{:,.0f}/s"
+            ax.barh(ys, values, color=[_color(r) for r in items])
+        for y, v in zip(ys, values, strict=True):
+            ax.annotate(fmt.format(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=6)
+        ax.set_xscale("log")
+        ax.set_xlim(min(values) / 3, max(values) * 5)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([_label(r) for r in items], fontsize=7)
         ax.invert_yaxis()
-        ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)
+    machine = meta["machine"]
     fig.suptitle(
-        f"felix-redis benchmarks, {meta['date'][:10]}, {meta['machine']['nproc']} cores, "
-        f"Redis {meta['machine']['redis']}, {meta['jobs']:,} no-op jobs, best of {meta['repeat']}",
-        fontsize=10,
+        f"felix-redis (red) vs raw Redis Streams (grey) and peers (blue): {meta['jobs']:,} no-op "
+        f"jobs, best of {meta['repeat']}; {meta['date'][:10]}, {machine['nproc']} cores, "
+        f"Redis {machine['redis']}; log scale",
+        fontsize=9,
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

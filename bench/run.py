@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = tempfile.mkdtemp(prefix="felix-bench-logs-")
     outcomes: list[Outcome] = []
     started = time.monotonic()
+    load_before = os.getloadavg()
     with RedisServer() as server:
         import redis
 
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "latency_samples": args.latency_samples,
         "systems": names,
         "wall_s": round(time.monotonic() - started, 1),
+        # Other work on the machine skews every number; this says how busy it was.
+        "loadavg_1_5_15": {"start": load_before, "end": os.getloadavg()},
     }
     print(report.table(rows))
     out = Path(args.out)
