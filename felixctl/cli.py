@@ -67,8 +67,9 @@ def _register() -> None:
     from felixctl.groups import group
     from felixctl.records import pub, sub
     from felixctl.streams import stream
+    from felixctl.worker_cmd import metrics, worker
 
-    for command in (stream, group, pub, sub, demo):
+    for command in (stream, group, pub, sub, worker, metrics, demo):
         cli.add_command(command)
 
 
