@@ -11,12 +11,21 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
+from redis.exceptions import AskError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
-from felix_redis.client import Item, _one, _record, _xread, check_raw_client, not_replicated, translate
+from felix_redis.client import (
+    UNAVAILABLE,
+    Item,
+    _one,
+    _record,
+    _xread,
+    check_raw_client,
+    not_replicated,
+    translate,
+)
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
@@ -36,6 +45,14 @@ from felix_redis.protocol import (
 __all__ = ["AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Item", "connect"]
 
 T = TypeVar("T")
+
+
+async def _areply(conn: Any) -> Any:
+    """One reply from ``conn``; an error reply is returned, not raised."""
+    try:
+        return await conn.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 class AsyncClient:
@@ -97,6 +114,12 @@ class AsyncClient:
 
     async def _execute_once(self, op: Op) -> Any:
         try:
+            if self._cluster and getattr(self.redis, "_initialize", False):
+                # Read the slot map before the first call, under redis-py's own lock: when
+                # many tasks start on a fresh RedisCluster at once, the ones that do not
+                # wait for it can be handed a connection that is being reset (redis-py
+                # 8.1 then fails with AttributeError on the connection's writer).
+                await self.redis.initialize()
             if type(op) is Eval:
                 script = self._scripts[op.script]
                 if op.replicas:
@@ -111,6 +134,10 @@ class AsyncClient:
                 return await self._block(op)
             await asyncio.sleep(op.seconds)  # type: ignore[union-attr]
             return None
+        except UNAVAILABLE as exc:
+            # A failover or restart under way: like a lost connection.
+            raise ConnectionFailed(f"{getattr(op, 'context', '')}: Redis at {self.url} cannot take the call now: "
+                                   f"{type(exc).__name__}: {exc}") from None
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
 
@@ -133,24 +160,53 @@ class AsyncClient:
         return next(iter(done)).result()
 
     async def _eval_and_wait(self, script: Any, op: Eval) -> Any:
-        """The script, then WAIT on the same connection (the node that took the write)."""
+        """The script and ``WAIT`` in one round trip on one connection (on Redis Cluster
+        a connection of the node that owns the key), so WAIT counts the replicas of the
+        node that took the write. NOSCRIPT loads the script there and runs it again;
+        MOVED/ASK (the script did not run) refreshes the slot map and runs it again."""
         timeout = self.core.wait_timeout_ms
+        commands = [
+            ("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args),
+            ("WAIT", op.replicas, timeout),
+        ]
+        for _ in range(4):
+            node = self.redis.get_node_from_key(op.keys[0]) if self._cluster else None
+            conn = node.acquire_connection() if node is not None else await self.redis.connection_pool.get_connection()
+            try:
+                await conn.send_packed_command(conn.pack_commands(commands))
+                result, acked = await _areply(conn), await _areply(conn)
+                if isinstance(result, NoScriptError):
+                    await conn.send_command("SCRIPT", "LOAD", script.script)
+                    await conn.read_response()
+            except (RedisConnectionError, RedisTimeoutError, OSError, asyncio.CancelledError):
+                # A connection left mid-reply must not go back to the pool as it is.
+                await conn.disconnect()
+                await self._refresh_slots()
+                raise
+            finally:
+                if node is not None:
+                    node.release(conn)
+                else:
+                    await self.redis.connection_pool.release(conn)
+            if isinstance(result, NoScriptError):
+                continue
+            if isinstance(result, AskError) and self._cluster:
+                await self._refresh_slots()
+                continue
+            if isinstance(result, Exception):
+                raise result
+            if isinstance(acked, Exception):
+                raise acked
+            if int(acked) < op.replicas:
+                raise not_replicated(op, int(acked), timeout)
+            return result
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call")
+
+    async def _refresh_slots(self) -> None:
+        """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
         if self._cluster:
-            # redis.asyncio's cluster pipeline cannot route WAIT: run both on the node's
-            # own connection pool, one connection for the two.
-            node = self.redis.get_node_from_key(op.keys[0])
-            result = await script(keys=op.keys, args=op.args)
-            acked = await self.redis.execute_command("WAIT", op.replicas, timeout, target_nodes=node)
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            await script(keys=op.keys, args=op.args, client=pipe)
-            pipe.execute_command("WAIT", op.replicas, timeout)
-            result, acked = await pipe.execute(raise_on_error=False)
-        if isinstance(result, Exception):
-            raise result
-        if int(acked) < op.replicas:
-            raise not_replicated(op, int(acked), timeout)
-        return result
+            with contextlib.suppress(Exception):
+                await self.redis.nodes_manager.initialize()
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -4,12 +4,21 @@ executes its plans on a redis-py connection."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
@@ -40,6 +49,11 @@ from felix_redis.protocol import (
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
 T = TypeVar("T")
+
+#: redis-py exceptions that mean "this node cannot take the call now": a failover,
+#: a cluster re-sharding or a restart is under way. The driver treats them like a lost
+#: connection (retried when the operation is safe to repeat).
+UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, ReadOnlyError)
 
 
 def translate(exc: Exception, op: Op, server: str) -> Exception:
@@ -146,6 +160,11 @@ class Client:
                 return self._block(op)
             time.sleep(op.seconds)  # type: ignore[union-attr]
             return None
+        except UNAVAILABLE as exc:
+            # A failover or restart under way (redis-py strips the error code from
+            # the message, so these are told apart by type): like a lost connection.
+            raise ConnectionFailed(f"{getattr(op, 'context', '')}: Redis at {self.url} cannot take the call now: "
+                                   f"{type(exc).__name__}: {exc}") from None
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
 
@@ -164,18 +183,56 @@ class Client:
         return next(iter(done)).result()
 
     def _eval_and_wait(self, script: Any, op: Eval) -> Any:
-        """The script, then WAIT on the same connection (the node that took the write)."""
+        """The script and ``WAIT`` in one round trip on one connection, so WAIT counts
+        the replicas of the node that took the write.
+
+        NOSCRIPT (a restarted or newly promoted server) loads the script on that
+        connection and runs it again; on Redis Cluster a MOVED or ASK reply (the script
+        did not run there) refreshes the slot map and runs it again on the right node.
+        A lost connection refreshes the slot map before the error goes up to
+        :meth:`_execute`, which retries only operations that are safe to repeat."""
         timeout = self.core.wait_timeout_ms
-        target = self.redis.get_node_from_key(op.keys[0]).redis_connection if self._cluster else self.redis
-        pipe = target.pipeline(transaction=False)
-        script(keys=op.keys, args=op.args, client=pipe)
-        pipe.execute_command("WAIT", op.replicas, timeout)
-        result, acked = pipe.execute(raise_on_error=False)
-        if isinstance(result, Exception):
-            raise result
-        if int(acked) < op.replicas:
-            raise not_replicated(op, int(acked), timeout)
-        return result
+        for _ in range(4):
+            if self._cluster:
+                node = self.redis.get_node_from_key(op.keys[0])
+                pool = self.redis.get_redis_connection(node).connection_pool
+            else:
+                pool = self.redis.connection_pool
+            conn = pool.get_connection()
+            try:
+                conn.send_packed_command(conn.pack_commands([
+                    ("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args),
+                    ("WAIT", op.replicas, timeout),
+                ]))
+                result, acked = _reply(conn), _reply(conn)
+                if isinstance(result, NoScriptError):
+                    conn.send_command("SCRIPT", "LOAD", script.script)
+                    conn.read_response()
+            except (RedisConnectionError, RedisTimeoutError):
+                conn.disconnect()
+                self._refresh_slots()
+                raise
+            finally:
+                pool.release(conn)
+            if isinstance(result, NoScriptError):
+                continue
+            if isinstance(result, AskError) and self._cluster:
+                self._refresh_slots()
+                continue
+            if isinstance(result, Exception):
+                raise result
+            if isinstance(acked, Exception):
+                raise acked
+            if int(acked) < op.replicas:
+                raise not_replicated(op, int(acked), timeout)
+            return result
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call")
+
+    def _refresh_slots(self) -> None:
+        """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
+        if self._cluster:
+            with contextlib.suppress(Exception):
+                self.redis.nodes_manager.initialize()
 
     def close(self) -> None:
         self.redis.close()
@@ -413,6 +470,14 @@ class Client:
         ones; independent of groups (an audit trail, a replay, a second consumer).
         ``start``: 'earliest', 'latest', one offset for every shard, or {shard: offset}."""
         return Subscription(self, tenant, namespace, stream, start, shards, batch, block)
+
+
+def _reply(conn: Any) -> Any:
+    """One reply from ``conn``; an error reply is returned, not raised."""
+    try:
+        return conn.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 def _xread(points: list[tuple[str, str]], block_ms: int) -> list[Any]:
