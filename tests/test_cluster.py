@@ -1,0 +1,278 @@
+"""felix-redis on a real Redis Cluster (3 primaries, 1 replica each, on loopback).
+
+Shards spread over the primaries by their hash tags; every key of one shard lives in
+one slot; quorum writes send WAIT to the node that took the write (sync and asyncio);
+keyed publishes, sharded polling, long polls, describe and felixctl work across nodes.
+The failover of a cluster primary under load is in ``test_failover.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+import felix_redis
+import felix_redis.asyncio as felix_async
+from felix_redis.testing.server import redis_server_binary
+from felix_redis.testing.topology import ClusterTopology
+
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None or shutil.which("redis-cli") is None,
+    reason="redis-server and redis-cli are needed to form a cluster",
+)
+
+T, N = "acme", "prod"
+SHARDS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterTopology]:
+    with ClusterTopology(primaries=3, replicas_per_primary=1) as topology:
+        yield topology
+
+
+@pytest.fixture
+def client(cluster: ClusterTopology) -> Iterator[felix_redis.Client]:
+    c = felix_redis.connect(cluster.url)
+    yield c
+    c.close()
+
+
+_names = iter(range(10**6))
+
+
+def _stream(client: felix_redis.Client, **settings: Any) -> str:
+    name = f"s{next(_names)}"
+    settings.setdefault("shards", SHARDS)
+    client.stream_create(T, N, name, **settings)
+    return name
+
+
+def _port_of(client: felix_redis.Client, stream: str, shard: int) -> int:
+    """Port of the primary that holds ``shard`` of ``stream``."""
+    return int(client.redis.get_node_from_key(client.core.name(T, N, stream).shard_keys(shard)[0]).port)
+
+
+@contextlib.contextmanager
+def _paused(port: int) -> Iterator[None]:
+    """SIGSTOP the node on ``port`` (a replica that stops confirming), SIGCONT after."""
+    pid = int(redis.Redis(port=port).info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_every_key_of_a_shard_shares_one_slot_and_shards_spread_over_all_primaries(
+    client: felix_redis.Client, cluster: ClusterTopology
+) -> None:
+    stream = _stream(client)
+    client.group_create(T, N, stream, "workers")
+    name = client.core.name(T, N, stream)
+    any_node = redis.Redis(port=cluster.primary_ports()[0])
+    ports = set()
+    for shard in range(SHARDS):
+        keys = [*name.shard_keys(shard), *name.group_keys(shard, "workers"), name.groups_key(shard)]
+        slots = {int(any_node.execute_command("CLUSTER KEYSLOT", key)) for key in keys}
+        assert len(slots) == 1, f"shard {shard}'s keys span slots {slots}"
+        assert slots == {client.redis.keyslot(keys[0])}
+        ports.add(_port_of(client, stream, shard))
+    assert ports == set(cluster.primary_ports())
+
+
+def test_keyed_publishes_route_by_key_and_land_on_the_shards_nodes(
+    client: felix_redis.Client, cluster: ClusterTopology
+) -> None:
+    stream = _stream(client, replication=2, consistency="quorum")
+    for i in range(60):
+        key = f"customer-{i}"
+        published = client.publish_keyed(T, N, stream, key, f"order-{i}")
+        assert published.shard == zlib.crc32(key.encode()) % SHARDS
+        # The record is on the node that owns the shard's slot, read straight from it.
+        log_key = client.core.name(T, N, stream).shard_keys(published.shard)[1]
+        node = redis.Redis(port=_port_of(client, stream, published.shard))
+        assert node.xlen(log_key) >= 1
+    tails = client.stream_describe(T, N, stream).tails
+    assert sum(tails) == 60
+    assert all(t > 0 for t in tails)
+
+
+def test_replication_3_is_refused_with_one_replica_per_primary(client: felix_redis.Client) -> None:
+    with pytest.raises(felix_redis.InvalidArgument, match="replication=3 needs 3 copies"):
+        client.stream_create(T, N, "three", shards=SHARDS, replication=3, consistency="quorum")
+    with pytest.raises(felix_redis.NotFound):
+        client.stream_describe(T, N, "three")
+
+
+def test_quorum_write_waits_on_the_node_that_took_it(client: felix_redis.Client, cluster: ClusterTopology) -> None:
+    """Pause the replica of shard 0's primary: writes to shard 0 raise NotReplicated
+    (and are applied); writes to shards on the other primaries are confirmed."""
+    stream = _stream(client, replication=2, consistency="quorum")
+    client.group_create(T, N, stream, "workers")
+    primary = _port_of(client, stream, 0)
+    other = next(s for s in range(SHARDS) if _port_of(client, stream, s) != primary)
+    (replica,) = cluster.replica_ports(primary)
+    with _paused(replica):
+        with pytest.raises(felix_redis.NotReplicated, match=r"shard 0.*0 of 1 required replica"):
+            client.publish(T, N, stream, b"unconfirmed", shard=0)
+        assert client.publish(T, N, stream, b"confirmed", shard=other).offset == 0
+    # Applied on the primary all the same.
+    (record,) = client.read(T, N, stream, 0, 0, 10)
+    assert record.payload == b"unconfirmed"
+
+
+def test_async_quorum_write_waits_on_the_node_that_took_it(cluster: ClusterTopology) -> None:
+    sync = felix_redis.connect(cluster.url)
+    stream = _stream(sync, replication=2, consistency="quorum")
+    sync.group_create(T, N, stream, "workers")
+    primary = _port_of(sync, stream, 0)
+    other = next(s for s in range(SHARDS) if _port_of(sync, stream, s) != primary)
+    (replica,) = cluster.replica_ports(primary)
+
+    async def run() -> None:
+        client = felix_async.connect(cluster.url)
+        try:
+            # Many writes at once open several connections to shard 0's primary.
+            confirmed = await asyncio.gather(*(client.publish(T, N, stream, f"a{i}", shard=0) for i in range(20)))
+            assert sorted(p.offset for p in confirmed) == list(range(20))
+            with _paused(replica):
+                # Each WAIT must go out on the connection of its own write: on another
+                # connection it would see that connection's older, confirmed writes.
+                results = await asyncio.gather(
+                    *(client.publish(T, N, stream, f"b{i}", shard=0) for i in range(20)), return_exceptions=True
+                )
+                assert [type(r).__name__ for r in results] == ["NotReplicated"] * 20
+                assert (await client.publish(T, N, stream, b"c", shard=other)).offset == 0
+            records = await client.group_poll(T, N, stream, 0, "workers", max_records=100)
+            assert len(records) == 40
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        sync.close()
+
+
+def test_sharded_group_polls_and_long_polls_across_nodes(client: felix_redis.Client) -> None:
+    stream = _stream(client, replication=2, consistency="quorum")
+    client.group_create(T, N, stream, "workers")
+    for shard in range(SHARDS):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    group = client.group_sharded(T, N, stream, "workers")
+    items = group.poll(16)
+    assert sorted(i.shard for i in items) == list(range(SHARDS))
+    assert group.ack_many(items) == SHARDS
+    assert group.poll(16) == []
+
+    # A long poll blocks on every node at once; a publish to a shard held by a node
+    # other than shard 0's wakes it at once.
+    far = next(s for s in range(SHARDS) if _port_of(client, stream, s) != _port_of(client, stream, 0))
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.append((group.poll(4, wait=3), time.monotonic())))
+    waiter.start()
+    time.sleep(0.5)
+    sent_at = time.monotonic()
+    client.publish(T, N, stream, b"wake", shard=far)
+    waiter.join(timeout=5)
+    (items, got_at), = result
+    assert [(i.shard, i.payload) for i in items] == [(far, b"wake")]
+    assert got_at - sent_at < 1.0, f"the long poll answered {got_at - sent_at:.2f}s after the publish"
+
+
+def test_async_sharded_long_poll_across_nodes(cluster: ClusterTopology) -> None:
+    sync = felix_redis.connect(cluster.url)
+    stream = _stream(sync)
+    sync.group_create(T, N, stream, "workers")
+    far = next(s for s in range(SHARDS) if _port_of(sync, stream, s) != _port_of(sync, stream, 0))
+
+    async def run() -> None:
+        client = felix_async.connect(cluster.url)
+        try:
+            group = client.group_sharded(T, N, stream, "workers")
+            started = time.monotonic()
+            poll = asyncio.ensure_future(group.poll(4, wait=3))
+            await asyncio.sleep(0.5)
+            await client.publish(T, N, stream, b"wake", shard=far)
+            items = await poll
+            assert [(i.shard, i.payload) for i in items] == [(far, b"wake")]
+            assert time.monotonic() - started < 2.0
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        sync.close()
+
+
+def test_describe_across_nodes(client: felix_redis.Client) -> None:
+    stream = _stream(client, replication=2, consistency="quorum")
+    client.group_create(T, N, stream, "workers")
+    for shard in range(SHARDS):
+        for i in range(shard + 1):
+            client.publish(T, N, stream, f"{shard}-{i}", shard=shard)
+    group = client.group_sharded(T, N, stream, "workers")
+    taken = group.poll(3)
+    info = client.stream_describe(T, N, stream)
+    assert info.tails == [s + 1 for s in range(SHARDS)]
+    assert (info.replication, info.consistency) == (2, "quorum")
+    described = client.group_describe(T, N, stream, "workers")
+    assert [s.tail for s in described.shards] == [s + 1 for s in range(SHARDS)]
+    assert sum(s.in_flight for s in described.shards) == len(taken) == 3
+    assert sum(s.lag for s in described.shards) == sum(range(1, SHARDS + 1))
+
+
+def test_wrapping_a_redis_cluster_client(cluster: ClusterTopology) -> None:
+    raw = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+    client = felix_redis.Client(raw)
+    try:
+        stream = _stream(client, replication=2, consistency="quorum")
+        client.group_create(T, N, stream, "workers")
+        published = client.idempotent_producer().publish_keyed(T, N, stream, "k", b"via wrapped cluster")
+        (record,) = client.group_poll(T, N, stream, published.shard, "workers")
+        assert record.payload == b"via wrapped cluster"
+        assert client.group_ack(T, N, stream, published.shard, "workers", record)
+    finally:
+        client.close()
+
+
+def test_felixctl_on_a_cluster_url(client: felix_redis.Client, cluster: ClusterTopology) -> None:
+    stream = _stream(client)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(SHARDS):
+        client.publish(T, N, stream, b"x", shard=shard)
+
+    def felixctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "felixctl", "--redis-url", cluster.url, "--tenant", T, "--namespace", N, *args],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    described = felixctl("group", "describe", stream, "workers", "-o", "json")
+    assert described.returncode == 0, described.stderr
+    doc = json.loads(described.stdout)
+    shards = doc["shards"] if isinstance(doc, dict) else doc
+    assert [s["tail"] for s in shards] == [1] * SHARDS
+    polled = felixctl("group", "poll", stream, "workers", "--max", "6")
+    assert polled.returncode == 0, polled.stderr
+    assert len(polled.stdout.splitlines()) == SHARDS
+    refused = felixctl("stream", "create", "big", "--shards", "2", "--replication", "3", "--consistency", "quorum")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("felixctl: error:") and "replication=3" in refused.stderr
