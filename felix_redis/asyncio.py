@@ -19,10 +19,11 @@ from felix_redis import scripts
 from felix_redis.client import (
     UNAVAILABLE,
     Item,
-    _one,
-    _record,
+    Ref,
+    ShardedGroupBase,
     _xread,
     check_raw_client,
+    max_block_ms,
     not_replicated,
     translate,
 )
@@ -74,6 +75,7 @@ class AsyncClient:
         check_raw_client(redis_client)
         self.redis = redis_client
         self._cluster = hasattr(redis_client, "get_node_from_key")
+        self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._scripts = {
@@ -95,6 +97,9 @@ class AsyncClient:
                     op = plan.send(result)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+        finally:
+            # a plan left behind (an error, a cancelled task) runs its cleanup now
+            plan.close()
 
     async def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
@@ -103,6 +108,11 @@ class AsyncClient:
             try:
                 return await self._execute_once(op)
             except ConnectionFailed:
+                if type(op) is BlockAny:
+                    # a wake-up like any other: the plan polls again, and that poll
+                    # reports (or rides out) the failure
+                    await asyncio.sleep(0.05)
+                    return None
                 if delays is None:
                     if not retry_safe(op):
                         raise
@@ -146,7 +156,8 @@ class AsyncClient:
         keyslot = getattr(self.redis, "keyslot", None)
         for key, last in op.streams:
             by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
-        calls = [_xread(points, op.block_ms) for points in by_slot.values()]
+        block_ms = min(op.block_ms, self._max_block_ms)
+        calls = [_xread(points, block_ms) for points in by_slot.values()]
         if len(calls) == 1:
             return await self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, at once; the first answer wins.
@@ -271,7 +282,7 @@ class AsyncClient:
 
     async def idempotent_producer(self) -> AsyncIdempotentProducer:
         state = ProducerState()
-        state.producer_id = int(await self._drive(_one(self.core.new_producer_id())))
+        state.producer_id = await self._drive(self.core.new_producer_id())
         return AsyncIdempotentProducer(self, state)
 
     # -- groups
@@ -312,31 +323,31 @@ class AsyncClient:
 
     async def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        offset: int | Record | str,
+        offset: int | Record | Item | str,
     ) -> bool:
         return (await self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, [offset])))[0]
 
     async def group_ack_many(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        offsets: Iterable[int | Record | str],
+        offsets: Iterable[int | Record | Item | str],
     ) -> list[bool]:
         return await self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
 
     async def group_nack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, delay: float = 0.0,
+        record: Record | Item | str, delay: float = 0.0,
     ) -> bool:
         return await self._drive(self.core.group_nack(tenant, namespace, stream, shard, group, record, delay))
 
     async def group_extend(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, by: float | None = None,
+        record: Record | Item | str, by: float | None = None,
     ) -> int:
         return await self._drive(self.core.group_extend(tenant, namespace, stream, shard, group, record, by))
 
     async def group_dead_letter(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, reason: str = "",
+        record: Record | Item | str, reason: str = "",
     ) -> None:
         await self._drive(self.core.group_dead_letter(tenant, namespace, stream, shard, group, record, reason))
 
@@ -361,9 +372,15 @@ class AsyncClient:
         return await self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None
+        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
+        reclaim: bool = True,
     ) -> AsyncShardedGroup:
-        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer)
+        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim)
+
+    async def group_keys(
+        self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
+    ) -> dict[int, dict[str, str]]:
+        return await self._drive(self.core.group_keys(tenant, namespace, stream, group, shard))
 
     # -- reading
 
@@ -443,58 +460,40 @@ class AsyncIdempotentProducer:
         return (await self.publish_batch(tenant, namespace, stream, [payload], key=key))[0]
 
 
-class AsyncShardedGroup:
+class AsyncShardedGroup(ShardedGroupBase):
     """The asyncio twin of :class:`felix_redis.ShardedGroup`."""
 
     def __init__(
         self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None,
+        consumer: str | None = None, reclaim: bool = True,
     ) -> None:
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim)
         self._client = client
-        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
-        self.consumer = consumer
-        self._cursor = 0
-        self._reclaimed: set[int] = set()
-
-    def _where(self) -> tuple[str, str, str]:
-        return self.tenant, self.namespace, self.stream
 
     async def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
-        plan = self._client.core.sharded_poll(
-            self.tenant, self.namespace, self.stream, self.group, max_records, wait,
-            self.consumer, self._reclaimed, self._cursor,
-        )
-        records, self._cursor = await self._client._drive(plan)
-        return [Item(r) for r in records]
+        return await self._client._drive(self._poll_plan(max_records, wait))
 
-    async def ack(self, item: Item | Record) -> bool:
-        r = _record(item)
-        return await self._client.group_ack(*self._where(), r.shard, self.group, r)
+    async def ack(self, item: Ref) -> bool:
+        return await self._client.group_ack(*self._where(item), item)
 
-    async def ack_many(self, items: Iterable[Item | Record]) -> int:
-        by_shard: dict[int, list[Record]] = {}
-        for item in items:
-            r = _record(item)
-            by_shard.setdefault(r.shard, []).append(r)
+    async def ack_many(self, items: Iterable[Ref]) -> int:
         done = 0
-        for shard, records in by_shard.items():
-            done += sum(await self._client.group_ack_many(*self._where(), shard, self.group, records))
+        for shard, refs in self._by_shard(items).items():
+            done += sum(await self._client.group_ack_many(
+                self.tenant, self.namespace, self.stream, shard, self.group, refs))
         return done
 
-    async def nack(self, item: Item | Record, delay: float = 0.0) -> bool:
-        r = _record(item)
-        return await self._client.group_nack(*self._where(), r.shard, self.group, r, delay)
+    async def nack(self, item: Ref, delay: float = 0.0) -> bool:
+        return await self._client.group_nack(*self._where(item), item, delay)
 
-    async def nack_after(self, item: Item | Record, seconds: float) -> bool:
+    async def nack_after(self, item: Ref, seconds: float) -> bool:
         return await self.nack(item, seconds)
 
-    async def extend(self, item: Item | Record, by: float | None = None) -> int:
-        r = _record(item)
-        return await self._client.group_extend(*self._where(), r.shard, self.group, r, by)
+    async def extend(self, item: Ref, by: float | None = None) -> int:
+        return await self._client.group_extend(*self._where(item), item, by)
 
-    async def dead_letter(self, item: Item | Record, reason: str = "") -> None:
-        r = _record(item)
-        await self._client.group_dead_letter(*self._where(), r.shard, self.group, r, reason)
+    async def dead_letter(self, item: Ref, reason: str = "") -> None:
+        await self._client.group_dead_letter(*self._where(item), item, reason)
 
 
 def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> AsyncClient:

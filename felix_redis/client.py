@@ -31,7 +31,7 @@ from felix_redis.errors import (
     from_response,
     redact_url,
 )
-from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
+from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
     BlockAny,
@@ -77,6 +77,25 @@ def not_replicated(op: Eval, acked: int, timeout_ms: int) -> NotReplicated:
     )
 
 
+def max_block_ms(raw: Any) -> int:
+    """Longest XREAD BLOCK that stays clear of the client's socket timeout (redis-py's
+    default is 5 s); plans split longer waits into several blocks."""
+    timeouts = []
+    pools = [getattr(raw, "connection_pool", None)]
+    pools += [getattr(n.redis_connection, "connection_pool", None)
+              for n in getattr(raw, "get_nodes", lambda: [])() if n.redis_connection is not None]
+    kwargs = getattr(raw, "nodes_manager", None)
+    if kwargs is not None:
+        timeouts.append(kwargs.connection_kwargs.get("socket_timeout"))
+    for pool in pools:
+        if pool is not None:
+            timeouts.append(getattr(pool, "connection_kwargs", {}).get("socket_timeout"))
+    finite = [float(t) for t in timeouts if t]
+    if not finite:
+        return 60_000
+    return max(50, int(min(finite) * 1000 * 0.8) - 200)
+
+
 def check_raw_client(raw: Any) -> None:
     pool = getattr(raw, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
@@ -107,6 +126,7 @@ class Client:
         check_raw_client(redis_client)
         self.redis = redis_client
         self._cluster = hasattr(redis_client, "get_node_from_key")
+        self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else _describe(redis_client)
         self._scripts = {
@@ -128,6 +148,9 @@ class Client:
                     op = plan.send(result)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+        finally:
+            # a plan left behind (an error, a cancelled task) runs its cleanup now
+            plan.close()
 
     def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
@@ -136,6 +159,11 @@ class Client:
             try:
                 return self._execute_once(op)
             except ConnectionFailed:
+                if type(op) is BlockAny:
+                    # a wake-up like any other: the plan polls again, and that poll
+                    # reports (or rides out) the failure
+                    time.sleep(0.05)
+                    return None
                 if delays is None:
                     if not retry_safe(op):
                         raise
@@ -173,7 +201,8 @@ class Client:
         keyslot = getattr(self.redis, "keyslot", None)
         for key, last in op.streams:
             by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
-        calls = [_xread(points, op.block_ms) for points in by_slot.values()]
+        block_ms = min(op.block_ms, self._max_block_ms)
+        calls = [_xread(points, block_ms) for points in by_slot.values()]
         if len(calls) == 1:
             return self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, at once; the first answer wins.
@@ -314,7 +343,7 @@ class Client:
     def idempotent_producer(self) -> IdempotentProducer:
         """A producer with an id from Redis whose re-sends land once."""
         state = ProducerState()
-        state.producer_id = int(self._drive(_one(self.core.new_producer_id())))
+        state.producer_id = self._drive(self.core.new_producer_id())
         return IdempotentProducer(self, state)
 
     # -- groups
@@ -385,21 +414,21 @@ class Client:
 
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        offset: int | Record | str,
+        offset: int | Record | Item | str,
     ) -> bool:
         """Finishes a record; False if it was finished already (a no-op)."""
         return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, [offset]))[0]
 
     def group_ack_many(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        offsets: Iterable[int | Record | str],
+        offsets: Iterable[int | Record | Item | str],
     ) -> list[bool]:
         """Finishes many records of one shard in one script call."""
         return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
 
     def group_nack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, delay: float = 0.0,
+        record: Record | Item | str, delay: float = 0.0,
     ) -> bool:
         """Hands a record back, redelivered after ``delay`` seconds. True if it became a
         dead letter instead (its deliveries reached max_attempts)."""
@@ -407,7 +436,7 @@ class Client:
 
     def group_extend(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, by: float | None = None,
+        record: Record | Item | str, by: float | None = None,
     ) -> int:
         """Sets the lease to expire ``by`` seconds from now (default: the visibility
         timeout); returns the new expiry in ms since the epoch (server time)."""
@@ -415,7 +444,7 @@ class Client:
 
     def group_dead_letter(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
-        record: Record | str, reason: str = "",
+        record: Record | Item | str, reason: str = "",
     ) -> None:
         self._drive(self.core.group_dead_letter(
             tenant, namespace, stream, shard, group, record, reason))
@@ -443,9 +472,17 @@ class Client:
         return self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None
+        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
+        reclaim: bool = True,
     ) -> ShardedGroup:
-        return ShardedGroup(self, tenant, namespace, stream, group, consumer)
+        """The group across every shard, for workers (see ShardedGroup)."""
+        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim)
+
+    def group_keys(
+        self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
+    ) -> dict[int, dict[str, str]]:
+        """The Redis keys of a group, per shard and role (docs/keys.md), for redis-cli."""
+        return self._drive(self.core.group_keys(tenant, namespace, stream, group, shard))
 
     # -- reading
 
@@ -607,65 +644,90 @@ class Item:
         return f"Item({self.record!r})"
 
 
-def _record(item: Item | Record) -> Record:
-    return item.record if isinstance(item, Item) else item
+def _shard(item: Item | Record | str) -> int:
+    """The shard a settle goes to: the record's, or the claim string's."""
+    if isinstance(item, Item):
+        return item.record.shard
+    if isinstance(item, Record):
+        return item.shard
+    if isinstance(item, str):
+        return parse_claim(item, attempts_required=False).shard
+    raise InvalidArgument(f"expected an Item, Record or claim string, got {type(item).__name__}")
 
 
-class ShardedGroup:
-    """One group across all shards of a stream: fair polling, settles routed by shard."""
+Ref = Item | Record | str
+
+
+class ShardedGroupBase:
+    """What the sync and asyncio sharded groups share: where they poll, routing."""
 
     def __init__(
-        self, client: Client, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None,
+        self, core: Core, tenant: str, namespace: str, stream: str, group: str,
+        consumer: str | None = None, reclaim: bool = True,
     ) -> None:
-        self._client = client
+        self._core = core
         self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
         self.consumer = consumer
+        self.reclaim = reclaim
         self._cursor = 0
         self._reclaimed: set[int] = set()
 
-    def _where(self) -> tuple[str, str, str]:
-        return self.tenant, self.namespace, self.stream
+    def _where(self, item: Ref) -> tuple[str, str, str, int, str]:
+        return self.tenant, self.namespace, self.stream, _shard(item), self.group
 
-    def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
-        """Up to ``max_records`` items, taken fairly from all shards."""
-        core = self._client.core
-        plan = core.sharded_poll(
+    def _poll_plan(self, max_records: int, wait: float | None) -> Plan[list[Item]]:
+        records, self._cursor = yield from self._core.sharded_poll(
             self.tenant, self.namespace, self.stream, self.group, max_records, wait,
-            self.consumer, self._reclaimed, self._cursor,
+            self.consumer, self._reclaimed, self._cursor, self.reclaim,
         )
-        records, self._cursor = self._client._drive(plan)
         return [Item(r) for r in records]
 
-    def ack(self, item: Item | Record) -> bool:
-        r = _record(item)
-        return self._client.group_ack(*self._where(), r.shard, self.group, r)
-
-    def ack_many(self, items: Iterable[Item | Record]) -> int:
-        """Acks items, one script call per shard; returns how many were acked now."""
-        by_shard: dict[int, list[Record]] = {}
+    @staticmethod
+    def _by_shard(items: Iterable[Ref]) -> dict[int, list[Ref]]:
+        grouped: dict[int, list[Ref]] = {}
         for item in items:
-            r = _record(item)
-            by_shard.setdefault(r.shard, []).append(r)
+            grouped.setdefault(_shard(item), []).append(item)
+        return grouped
+
+
+class ShardedGroup(ShardedGroupBase):
+    """One group across all shards of a stream: fair polling, settles routed to the
+    item's shard. ``consumer``: poll as that consumer; ``reclaim``: take back its own
+    in-flight records on the first poll of each shard."""
+
+    def __init__(
+        self, client: Client, tenant: str, namespace: str, stream: str, group: str,
+        consumer: str | None = None, reclaim: bool = True,
+    ) -> None:
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim)
+        self._client = client
+
+    def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
+        """Up to ``max_records`` items, taken fairly from all shards; ``wait``: seconds
+        to block (on every shard at once) when nothing is due."""
+        return self._client._drive(self._poll_plan(max_records, wait))
+
+    def ack(self, item: Ref) -> bool:
+        return self._client.group_ack(*self._where(item), item)
+
+    def ack_many(self, items: Iterable[Ref]) -> int:
+        """Acks items, one script call per shard; returns how many were acked now."""
         done = 0
-        for shard, records in by_shard.items():
-            done += sum(self._client.group_ack_many(*self._where(), shard, self.group, records))
+        for shard, refs in self._by_shard(items).items():
+            done += sum(self._client.group_ack_many(self.tenant, self.namespace, self.stream, shard, self.group, refs))
         return done
 
-    def nack(self, item: Item | Record, delay: float = 0.0) -> bool:
-        r = _record(item)
-        return self._client.group_nack(*self._where(), r.shard, self.group, r, delay)
+    def nack(self, item: Ref, delay: float = 0.0) -> bool:
+        return self._client.group_nack(*self._where(item), item, delay)
 
-    def nack_after(self, item: Item | Record, seconds: float) -> bool:
+    def nack_after(self, item: Ref, seconds: float) -> bool:
         return self.nack(item, seconds)
 
-    def extend(self, item: Item | Record, by: float | None = None) -> int:
-        r = _record(item)
-        return self._client.group_extend(*self._where(), r.shard, self.group, r, by)
+    def extend(self, item: Ref, by: float | None = None) -> int:
+        return self._client.group_extend(*self._where(item), item, by)
 
-    def dead_letter(self, item: Item | Record, reason: str = "") -> None:
-        r = _record(item)
-        self._client.group_dead_letter(*self._where(), r.shard, self.group, r, reason)
+    def dead_letter(self, item: Ref, reason: str = "") -> None:
+        self._client.group_dead_letter(*self._where(item), item, reason)
 
 
 def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> Client:

@@ -21,12 +21,15 @@ from felix_redis import constants as C
 from felix_redis.errors import (
     Conflict,
     ConnectionFailed,
+    FelixError,
     GroupExists,
     InvalidArgument,
     NotFound,
+    NotReplicated,
     SequenceError,
 )
 from felix_redis.keys import (
+    GROUP_ROLES,
     StreamName,
     check_name,
     check_record_key,
@@ -82,8 +85,10 @@ class Cmd:
 
 class BlockAny:
     """Block until any of ``streams`` (key, last seen ID) gets a new entry, or
-    ``block_ms`` passes. One XREAD BLOCK when all keys share a node; on Redis Cluster the
-    driver blocks on each node at once."""
+    ``block_ms`` passes. One XREAD BLOCK when all keys share a slot; on Redis Cluster the
+    driver blocks on each slot at once. Plans treat the answer only as "look again", so
+    a driver may return early (it caps blocks below its socket timeout) or return None
+    after a failed block; the next poll then reports any real failure."""
 
     __slots__ = ("block_ms", "context", "streams")
 
@@ -118,7 +123,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
     "group_poll", "group_ack", "group_configure", "group_discard",
 })
 RETRY_SAFE_COMMANDS = frozenset({
-    "INFO", "EXISTS", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "XREAD", "PING",
+    "INFO", "EXISTS", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -132,7 +137,7 @@ def retry_safe(op: object) -> bool:
         return op.script in RETRY_SAFE_SCRIPTS
     if type(op) is Cmd:
         return str(op.args[0]).upper() in RETRY_SAFE_COMMANDS
-    return type(op) is BlockAny
+    return False
 
 
 def retry_delays(total_s: float) -> Generator[float, None, None]:
@@ -229,20 +234,28 @@ class StreamSettings:
     replication: int
     consistency: str
     replicas: int
+    max_payload: int = C.DEFAULT_MAX_PAYLOAD
     loaded_at: float = field(default_factory=time.monotonic)
+
+
+def local_producer_id() -> int:
+    """A random 62-bit producer id, made without a round trip (plain publishes)."""
+    return random.getrandbits(62) | 1
 
 
 @dataclass
 class ProducerState:
-    """Producer id and the last sequence used per (stream, shard)."""
+    """Producer id and the last sequence used per (stream, shard). ``local``: the id is
+    random (plain publishes) rather than taken from Redis."""
 
     producer_id: int | None = None
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    local: bool = False
 
     def reset(self) -> None:
-        """Forget the id: the next publish takes a new one, with sequences from 1."""
-        self.producer_id = None
+        """Forget the id: the next publish uses a new one, with sequences from 1."""
+        self.producer_id = local_producer_id() if self.local else None
         self.sequences.clear()
 
 
@@ -257,7 +270,7 @@ class ProducerPool:
         try:
             return self._free.pop()
         except IndexError:
-            return ProducerState()
+            return ProducerState(local_producer_id(), local=True)
 
     def release(self, state: ProducerState) -> None:
         self._free.append(state)
@@ -345,7 +358,8 @@ class Core:
         replication = int(meta["replication"])
         consistency = _text(meta["consistency"])
         settings = StreamSettings(
-            int(meta["shards"]), replication, consistency, replicas_needed(replication, consistency)
+            int(meta["shards"]), replication, consistency, replicas_needed(replication, consistency),
+            int(meta["max_payload"]),
         )
         self._settings[name.path] = settings
         return settings
@@ -537,6 +551,12 @@ class Core:
         if len(payloads) > C.MAX_BATCH:
             raise InvalidArgument(f"a batch holds at most {C.MAX_BATCH} payloads, got {len(payloads)}")
         settings = yield from self.settings(name)
+        for i, payload in enumerate(payloads):
+            if len(payload) > settings.max_payload:
+                raise InvalidArgument(
+                    f"stream {name.path}: payload {i} is {len(payload)} bytes; this stream accepts "
+                    f"at most {settings.max_payload}"
+                )
         if shard is not None:
             shard = self.shard_of(name, settings, shard)
         else:
@@ -553,7 +573,7 @@ class Core:
         # One plan at a time per producer (the caller holds its lock, or borrowed it
         # from the pool): its sequences reach a shard in order.
         if producer.producer_id is None:
-            producer.producer_id = int((yield self.new_producer_id()))
+            producer.producer_id = yield from self.new_producer_id()
         pid = producer.producer_id
         slot = (name.path, shard)
         seq = producer.sequences.get(slot, 0) + 1
@@ -563,25 +583,38 @@ class Core:
             context, settings.replicas,
         )
         try:
-            reply = yield op
-        except ConnectionFailed:
-            # Outcome unknown: one more try with the same sequence is answered from the
-            # shard's memory if the first landed. If that fails too, start over as a new
-            # producer so that the next publish cannot hit a sequence gap.
-            yield Sleep(0.05 + random.random() * 0.1)
             try:
                 reply = yield op
             except ConnectionFailed:
-                producer.reset()
-                raise
-        except SequenceError:
+                # Outcome unknown: one more try with the same sequence is answered from
+                # the shard's memory if the first landed.
+                yield Sleep(0.05 + random.random() * 0.1)
+                reply = yield op
+        except NotReplicated:
+            # The primary took the records; the sequence is used.
+            producer.sequences[slot] = seq
+            raise
+        except (ConnectionFailed, SequenceError):
+            # Unknown outcome (lost twice) or a sequence the shard refused: start over
+            # as a new producer, so the next publish can neither hit a gap nor be
+            # mistaken for a re-send of this one.
+            producer.reset()
+            raise
+        except FelixError:
+            # Refused before anything was written: the sequence is still free.
+            raise
+        except BaseException:
+            # Cancelled with the outcome unknown.
             producer.reset()
             raise
         producer.sequences[slot] = seq
         return shard, int(reply[0]), int(reply[1])
 
-    def new_producer_id(self) -> Cmd:
-        return Cmd("INCR", producer_ids_key(self.prefix), key=producer_ids_key(self.prefix))
+    def new_producer_id(self) -> Plan[int]:
+        """A producer id: a counter from Redis, shifted, plus 20 random bits. A counter
+        that went back in a failover cannot hand the same id out twice."""
+        n = yield Cmd("INCR", producer_ids_key(self.prefix), key=producer_ids_key(self.prefix))
+        return (int(n) << 20) | random.getrandbits(20)
 
     # -- groups
 
@@ -644,6 +677,19 @@ class Core:
                 [vt, attempts], f"group {group} on stream {name.path} shard {shard}",
                 settings.replicas,
             )
+
+    def group_keys(
+        self, tenant: str, namespace: str, stream: str, group: str, shard: int | None
+    ) -> Plan[dict[int, dict[str, str]]]:
+        name = self.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        shards = range(settings.shards) if shard is None else [self.shard_of(name, settings, shard)]
+        roles = ("meta", "log", "groups", *GROUP_ROLES)
+        return {
+            s: dict(zip(roles, [*name.shard_keys(s), name.groups_key(s), *name.group_keys(s, group)], strict=True))
+            for s in shards
+        }
 
     def group_list(self, tenant: str, namespace: str, stream: str) -> Plan[list[str]]:
         info = yield from self.stream_describe(tenant, namespace, stream)
@@ -721,6 +767,7 @@ class Core:
         consumer: str | None,
         reclaimed: set[int],
         cursor: int,
+        reclaim: bool = True,
     ) -> Plan[tuple[list[Record], int]]:
         """Polls every shard fairly: a quota per shard first (starting from a rotating
         shard), then what is left from shards that had more. Returns (records, cursor)."""
@@ -748,12 +795,12 @@ class Core:
                     if want <= 0:
                         break
                     keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
-                    reclaim = consumer is not None and shard not in reclaimed
+                    first = reclaim and consumer is not None and shard not in reclaimed
                     reply = yield Eval(
-                        "group_poll", keys, [want, consumer or "", 1 if reclaim else 0],
+                        "group_poll", keys, [want, consumer or "", 1 if first else 0],
                         f"{context} shard {shard}", settings.replicas,
                     )
-                    if reclaim:
+                    if first:
                         reclaimed.add(shard)
                     count = int(reply[4])
                     out += parse_records(reply, 5, count, shard, True)
