@@ -1,0 +1,191 @@
+"""Regression tests for bugs found while testing issue 4: long waits past the socket
+timeout, producer sequences after NotReplicated or a cancel, claim strings in sharded
+groups."""
+from __future__ import annotations
+
+import pytest
+
+import felix_redis
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def test_sharded_settle_with_claim_string_is_routed_or_refused(client: felix_redis.Client) -> None:
+    """ShardedGroup.ack/nack/extend/dead_letter with a claim string leak AttributeError."""
+    client.stream_create(T, N, S, shards=4)
+    client.group_create(T, N, S, G)
+    client.publish(T, N, S, b"x", shard=2)
+    group = client.group_sharded(T, N, S, G)
+    (item,) = group.poll(4)
+    with pytest.raises(felix_redis.InvalidArgument):
+        group.ack("not a claim")  # type: ignore[arg-type]
+    # a claim string names its shard: it can be routed like an Item
+    assert group.nack(item.claim) is False  # type: ignore[arg-type]
+
+
+def _land_then_raise(client, monkeypatch, exc):
+    real = client._execute
+    left = [1]
+
+    def lossy(op):
+        if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+            left[0] -= 1
+            real(op)
+            raise exc
+        return real(op)
+
+    monkeypatch.setattr(client, "_execute", lossy)
+
+
+def test_producer_after_not_replicated_does_not_drop_the_next_record(client, monkeypatch) -> None:
+    """NotReplicated (the script ran on the primary) leaves the producer's sequence
+    behind; the next publish re-uses it and is answered as a duplicate: silently dropped."""
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    _land_then_raise(client, monkeypatch, felix_redis.NotReplicated("simulated: 0 of 1 replicas"))
+    with pytest.raises(felix_redis.NotReplicated):
+        producer.publish(T, N, S, b"first")
+    second = producer.publish(T, N, S, b"second")
+    payloads = [r.payload for r in client.read(T, N, S, 0, 0)]
+    assert payloads == [b"first", b"second"], payloads
+    assert second.offset == 1
+
+
+def test_plain_publish_after_not_replicated_does_not_drop_the_next_record(client, monkeypatch) -> None:
+    """the pooled producer goes back to the pool one sequence behind."""
+    client.stream_create(T, N, S)
+    _land_then_raise(client, monkeypatch, felix_redis.NotReplicated("simulated: 0 of 1 replicas"))
+    with pytest.raises(felix_redis.NotReplicated):
+        client.publish(T, N, S, b"first")
+    second = client.publish(T, N, S, b"second")
+    payloads = [r.payload for r in client.read(T, N, S, 0, 0)]
+    assert payloads == [b"first", b"second"], payloads
+    assert second.offset == 1
+
+
+def test_async_publish_cancelled_after_landing_does_not_drop_the_next_record(backend, monkeypatch) -> None:
+    """a plain publish cancelled (asyncio.wait_for timeout) after its script ran
+    returns its pooled producer to the pool one sequence behind; the next publish is
+    answered as a duplicate of the cancelled one and silently dropped."""
+    import asyncio
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(backend[0])
+        await c.stream_create(T, N, S)
+        real = c._execute
+        left = [1]
+
+        async def slow_reply(op):
+            result = await real(op)
+            if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+                left[0] -= 1
+                await asyncio.sleep(10)  # the reply is slow to come back
+            return result
+
+        monkeypatch.setattr(c, "_execute", slow_reply)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(c.publish(T, N, S, b"first"), 0.2)
+        import gc
+        gc.collect()
+        second = await c.publish(T, N, S, b"second")
+        payloads = [r.payload for r in await c.read(T, N, S, 0, 0)]
+        await c.close()
+        assert payloads == [b"first", b"second"], payloads
+        assert second.offset == 1
+
+    asyncio.run(main())
+
+
+def test_async_idempotent_producer_cancelled_after_landing(backend, monkeypatch) -> None:
+    """same with AsyncIdempotentProducer."""
+    import asyncio
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(backend[0])
+        await c.stream_create(T, N, S)
+        producer = await c.idempotent_producer()
+        real = c._execute
+        left = [1]
+
+        async def slow_reply(op):
+            result = await real(op)
+            if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+                left[0] -= 1
+                await asyncio.sleep(10)
+            return result
+
+        monkeypatch.setattr(c, "_execute", slow_reply)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(producer.publish(T, N, S, b"first"), 0.2)
+        second = await producer.publish(T, N, S, b"second")
+        payloads = [r.payload for r in await c.read(T, N, S, 0, 0)]
+        await c.close()
+        assert payloads == [b"first", b"second"], payloads
+        assert second.offset == 1
+
+    asyncio.run(main())
+
+
+def test_idle_long_poll_longer_than_5_seconds(redis_client) -> None:
+    """redis-py 8 defaults socket_timeout to 5 s; an XREAD BLOCK of ~5 s or
+    more times out on the socket, the retry layer repeats the same BlockAny until retry_for
+    is spent, and the poll raises ConnectionFailed after ~40 s instead of [] after `wait`."""
+    import time
+
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    start = time.monotonic()
+    assert redis_client.group_poll(T, N, S, 0, G, wait=6) == []
+    assert time.monotonic() - start < 8
+
+
+def test_idle_subscription_with_default_block(redis_client) -> None:
+    """Subscription's default block is 5.0 s: an idle subscriber fails the same way."""
+    import time
+
+    redis_client.stream_create(T, N, S)
+    sub = redis_client.subscribe(T, N, S, start="latest")  # block=5.0
+    start = time.monotonic()
+    assert sub.poll() == []
+    assert time.monotonic() - start < 7
+
+
+def test_async_idle_long_poll_longer_than_5_seconds(redis_client, redis_url) -> None:
+    """The same, asyncio."""
+    import asyncio
+    import time
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(redis_url)
+        await c.stream_create(T, N, S)
+        await c.group_create(T, N, S, G)
+        start = time.monotonic()
+        try:
+            assert await c.group_poll(T, N, S, 0, G, wait=6) == []
+        finally:
+            await c.close()
+        assert time.monotonic() - start < 8
+
+    asyncio.run(main())
+
+
+def test_long_poll_longer_than_socket_timeout(redis_url, raw) -> None:
+    """wait longer than the URL's socket_timeout fails too."""
+    import time
+
+    sep = "&" if "?" in redis_url else "?"
+    client = felix_redis.connect(f"{redis_url}{sep}socket_timeout=0.5")
+    try:
+        client.stream_create(T, N, S)
+        client.group_create(T, N, S, G)
+        start = time.monotonic()
+        assert client.group_poll(T, N, S, 0, G, wait=1.5) == []
+        assert time.monotonic() - start < 3
+    finally:
+        client.close()
