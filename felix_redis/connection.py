@@ -125,6 +125,18 @@ def _conn_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
+def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Connection options for the sentinels themselves: the data servers' TLS options,
+    and ``sentinel_password`` / ``sentinel_username`` from the query (sentinels usually
+    have no password, or one of their own, so the data password is not sent to them)."""
+    out = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
+    if "sentinel_password" in parsed.options:
+        out["password"] = parsed.options["sentinel_password"]
+    if "sentinel_username" in parsed.options:
+        out["username"] = parsed.options["sentinel_username"]
+    return out or None
+
+
 def _memory_server(name: str) -> Any:
     import fakeredis
 
@@ -148,10 +160,7 @@ def sync_client(url: str) -> Any:
         from redis.sentinel import Sentinel
 
         kwargs = _conn_kwargs(parsed)
-        sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
-        if "sentinel_password" in parsed.options:
-            sentinel_kwargs["password"] = parsed.options["sentinel_password"]
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
     if "cluster" in parsed.scheme:
         from redis.cluster import ClusterNode, RedisCluster
@@ -174,8 +183,7 @@ def async_client(url: str) -> Any:
         from redis.asyncio.sentinel import Sentinel
 
         kwargs = _conn_kwargs(parsed)
-        sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinel_kwargs or None, **kwargs)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parsed.service, db=parsed.db)
     if "cluster" in parsed.scheme:
         from redis.asyncio.cluster import ClusterNode, RedisCluster
