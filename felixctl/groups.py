@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -212,14 +211,8 @@ def keys(ctl: Ctl, stream: str, group: str, shard: int | None, role: str | None,
     info = ctl.client.stream_describe(*ctl.where(stream))
     if group not in info.groups:
         raise OperationError(f"group {group} on stream {ctl.path(stream)} does not exist")
-    if shard is not None and shard >= info.shards:
-        raise OperationError(f"stream {ctl.path(stream)} has {info.shards} shard(s); shard {shard} does not exist")
-    name = ctl.client.core.name(*ctl.where(stream))
-    rows: list[tuple[int, str, str]] = []
-    for s in [shard] if shard is not None else range(info.shards):
-        rows += [(s, r, k) for r, k in zip(SHARD_ROLES, name.shard_keys(s), strict=True)]
-        rows.append((s, "groups", name.groups_key(s)))
-        rows += [(s, r, k) for r, k in zip(GROUP_ROLES, name.group_keys(s, group), strict=True)]
+    by_shard = ctl.client.group_keys(*ctl.where(stream), group, shard)
+    rows = [(s, r, k) for s, roles in by_shard.items() for r, k in roles.items()]
     if role is not None:
         rows = [row for row in rows if row[1] == role]
     if output == "json":
@@ -271,36 +264,14 @@ def poll(
         else:
             records = client.group_poll_as(*where, shard, group, consumer=consumer, reclaim=reclaim,
                                            max_records=max_records, wait=wait)
-    elif consumer is not None and not reclaim:
-        records = poll_shards_as(ctl, stream, group, consumer, max_records, wait)
     else:
-        items = client.group_sharded(*where, group, consumer=consumer).poll(max_records, wait)
+        items = client.group_sharded(*where, group, consumer=consumer, reclaim=reclaim).poll(max_records, wait)
         records = [item.record for item in items]
     if output == "json":
         emit_json([record_json(r, with_claim=True) for r in records])
         return
     for record in records:
         emit_line(record.claim, record.payload)
-
-
-def poll_shards_as(
-    ctl: Ctl, stream: str, group: str, consumer: str, max_records: int, wait: float | None
-) -> list[Record]:
-    """All shards in turn as a named consumer, without reclaiming (a sharded group
-    with a consumer always reclaims); waits by polling every 100 ms."""
-    client, where = ctl.client, ctl.where(stream)
-    shards = client.stream_describe(*where).shards
-    deadline = time.monotonic() + (wait or 0)
-    while True:
-        records: list[Record] = []
-        for s in range(shards):
-            left = max_records - len(records)
-            if left <= 0:
-                break
-            records += client.group_poll_as(*where, s, group, consumer=consumer, reclaim=False, max_records=left)
-        if records or time.monotonic() >= deadline:
-            return records
-        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 # -- settling claims

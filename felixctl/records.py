@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -159,74 +158,37 @@ def publish_file(
 @shard_option("Read only this shard (default: all, one after the other).")
 @click.option("-f", "--follow", is_flag=True, help="Keep reading new records until interrupted.")
 @click.option("--max", "limit", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
-@click.option("--interval-ms", type=click.IntRange(10, 60_000), default=200, show_default=True,
-              help="With --follow: how often to look for new records.")
 @output_option("json", "jsonl")
 @pass_ctl
 def sub(
-    ctl: Ctl, stream: str, start: str | int, shard: int | None, follow: bool, limit: int | None,
-    interval_ms: int, output: str,
+    ctl: Ctl, stream: str, start: str | int, shard: int | None, follow: bool, limit: int | None, output: str,
 ) -> None:
     """Replay STREAM's log, and with --follow tail it (no group: nothing is acked).
 
-    -o json prints one JSON array (not with --follow); -o jsonl one JSON object per line.
+    Records of one shard come in offset order. --follow blocks in Redis until new
+    records arrive. -o json prints one JSON array (not with --follow); -o jsonl one JSON
+    object per line.
     """
     if follow and output == "json":
         raise click.UsageError("--follow streams records: use -o jsonl instead of -o json")
-    info = ctl.client.stream_describe(*ctl.where(stream))
-    if shard is not None and shard >= info.shards:
-        raise OperationError(
-            f"stream {ctl.path(stream)} has {info.shards} shard(s) (0..{info.shards - 1}); shard {shard} does not exist"
-        )
-    shards = [shard] if shard is not None else list(range(info.shards))
-    position = {
-        s: info.firsts[s] if start == "earliest" else info.tails[s] if start == "latest" else int(start)
-        for s in shards
-    }
+    shards = None if shard is None else [shard]
+    subscription = ctl.client.subscribe(*ctl.where(stream), start=start, shards=shards, batch=500)
     collected: list[dict[str, Any]] = []
-    reader = Reader(ctl, stream, position, limit, output, collected)
-    for s in shards:
-        while reader.read(s):
-            pass
+    count = 0
     try:
-        while follow and not reader.done:
-            if not any([reader.read(s) for s in shards]):
-                time.sleep(interval_ms / 1000)
+        while limit is None or count < limit:
+            records = subscription.poll(block=5.0 if follow else 0)
+            if not records and not follow:
+                break
+            for record in records[: None if limit is None else limit - count]:
+                if output == "text":
+                    emit_line(f"{record.shard}:{record.offset}", record.payload)
+                elif output == "jsonl":
+                    emit_json(record_json(record, with_claim=False), compact=True)
+                else:
+                    collected.append(record_json(record, with_claim=False))
+                count += 1
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None
     if output == "json":
         emit_json(collected)
-
-
-@dataclass
-class Reader:
-    """Reads shards from their positions and prints what it reads."""
-
-    ctl: Ctl
-    stream: str
-    position: dict[int, int]
-    limit: int | None
-    output: str
-    collected: list[dict[str, Any]]
-    count: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.limit is not None and self.count >= self.limit
-
-    def read(self, shard: int) -> bool:
-        """One read of up to 500 records; True if it printed any."""
-        if self.done:
-            return False
-        want = 500 if self.limit is None else min(500, self.limit - self.count)
-        records = self.ctl.client.read(*self.ctl.where(self.stream), shard, self.position[shard], want)
-        for record in records:
-            if self.output == "text":
-                emit_line(f"{record.shard}:{record.offset}", record.payload)
-            elif self.output == "jsonl":
-                emit_json(record_json(record, with_claim=False), compact=True)
-            else:
-                self.collected.append(record_json(record, with_claim=False))
-            self.position[shard] = record.offset + 1
-        self.count += len(records)
-        return bool(records)
