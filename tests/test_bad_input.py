@@ -764,3 +764,26 @@ def test_client_needs_bytes_responses(redis_url: str, backend: tuple[str, Any]) 
 def test_bad_prefix(backend: tuple[str, Any]) -> None:
     for prefix in ("", "a b", "{x}", "a\n", None, 5):
         refused(InvalidArgument, lambda p=prefix: felix_redis.connect(backend[0], prefix=p), "prefix")
+
+
+def test_sharded_settle_with_other_things(stream: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    """ShardedGroup settles take an Item, Record or claim string; anything else is refused."""
+    group = stream.group_sharded(T, N, S, G)
+    with unchanged():
+        for call in (group.ack, group.nack, group.extend, group.dead_letter):
+            for bad in (None, 0, b"0:0:1", 1.5, object()):
+                refused(InvalidArgument, lambda c=call, b=bad: c(b))
+            refused(NotFound, lambda c=call: c("0:0:1"), "0")
+            if call != group.ack:  # ack takes SHARD:OFFSET; the others need the attempts
+                refused(InvalidArgument, lambda c=call: c("0:0"), "claim")
+
+
+def test_stream_delete_wrong_type_on_shard_0_of_two(client: felix_redis.Client, store: Any,
+                                                    unchanged: Callable[[], Any]) -> None:
+    """Shard 1 is not deleted when shard 0's log holds another type (settings cached)."""
+    client.stream_create(T, N, S, shards=2)
+    client.stream_describe(T, N, S)
+    key = role_key(client, "log", shard=0)
+    plant(store, key)
+    with unchanged():
+        refused(WrongKeyType, lambda: client.stream_delete(T, N, S), key)
