@@ -5,6 +5,7 @@ delay, lease extension, dead letters and redrive; an idempotent producer. See
 docs/concepts.md.
 """
 
+from felix_redis.aioworker import AsyncWorker
 from felix_redis.client import Client, IdempotentProducer, Item, ShardedGroup, connect
 from felix_redis.errors import (
     ConnectionFailed,
@@ -30,14 +31,18 @@ from felix_redis.models import (
     StreamInfo,
     parse_claim,
 )
+from felix_redis.worker import Backoff, Fatal, Retry, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncWorker",
+    "Backoff",
     "Claim",
     "Client",
     "ConnectionFailed",
     "DeadLetter",
+    "Fatal",
     "FelixError",
     "GroupExists",
     "GroupInfo",
@@ -49,12 +54,14 @@ __all__ = [
     "PermissionDenied",
     "Published",
     "Record",
+    "Retry",
     "SequenceError",
     "ShardState",
     "ShardedGroup",
     "StaleClaim",
     "StreamExists",
     "StreamInfo",
+    "Worker",
     "WrongKeyType",
     "__version__",
     "connect",

@@ -14,10 +14,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
-from felix_redis.asyncio import AsyncClient, AsyncShardedGroup, Item
+from felix_redis.asyncio import AsyncClient, AsyncShardedGroup
 from felix_redis.errors import FelixError, StaleClaim
 from felix_redis.models import Record
 from felix_redis.worker import (
@@ -37,7 +37,7 @@ from felix_redis.worker import (
 if TYPE_CHECKING:
     from felix_redis.metrics import BoundWorkerMetrics, WorkerMetrics
 
-__all__ = ["AsyncShardPoller", "AsyncWorker"]
+__all__ = ["AsyncWorker"]
 
 log = logging.getLogger("felix_redis.worker")
 
@@ -46,52 +46,6 @@ AsyncHandler = Callable[[Record], Awaitable[object]]
 
 class HardLimitExceeded(Exception):
     """The handler ran longer than the worker's hard limit and was cancelled."""
-
-
-class AsyncShardPoller:
-    """The asyncio twin of :class:`felix_redis.worker.ShardPoller`."""
-
-    slice_s = 0.25
-
-    def __init__(
-        self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,
-        shards: Sequence[int], consumer: str | None,
-    ) -> None:
-        self._client = client
-        self._where = (tenant, namespace, stream)
-        self._group = group
-        self._shards = list(shards)
-        self._consumer = consumer
-        self._reclaimed: set[int] = set()
-        self._cursor = 0
-
-    async def _poll_one(self, shard: int, n: int, wait: float | None) -> list[Record]:
-        if self._consumer is None:
-            return await self._client.group_poll(*self._where, shard, self._group, n, wait)
-        reclaim = shard not in self._reclaimed
-        records = await self._client.group_poll_as(
-            *self._where, shard, self._group, self._consumer, reclaim, n, wait)
-        self._reclaimed.add(shard)
-        return records
-
-    async def poll(self, max_records: int, wait: float | None = None) -> list[Item]:
-        deadline = time.monotonic() + (wait or 0)
-        count = len(self._shards)
-        while True:
-            out: list[Record] = []
-            for i in range(count):
-                want = max_records - len(out)
-                if want <= 0:
-                    break
-                out += await self._poll_one(self._shards[(self._cursor + i) % count], want, None)
-            self._cursor = (self._cursor + 1) % count
-            left = deadline - time.monotonic()
-            if out or left <= 0:
-                return [Item(r) for r in out]
-            slice_s = left if count == 1 else min(left, self.slice_s)
-            out = await self._poll_one(self._shards[self._cursor], max_records, slice_s)
-            if out:
-                return [Item(r) for r in out]
 
 
 class AsyncWorker:
@@ -149,7 +103,7 @@ class AsyncWorker:
         self._metrics: BoundWorkerMetrics | None = (
             metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
         self._group: AsyncShardedGroup = client.group_sharded(tenant, namespace, stream, group, consumer)
-        self._source: AsyncShardedGroup | AsyncShardPoller = self._group
+        self._source: AsyncShardedGroup = self._group
         self._where = f"{tenant}/{namespace}/{stream}"
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
@@ -188,8 +142,8 @@ class AsyncWorker:
             bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
             if bad:
                 raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
-            self._source = AsyncShardPoller(self.client, self.tenant, self.namespace, self.stream,
-                                            self.group, self.shards, self.consumer)
+            self._source = self.client.group_sharded(
+                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
         self._acks = asyncio.Queue()
         self._helpers = [asyncio.create_task(self._heartbeat_task()), asyncio.create_task(self._settle_task())]
         if self.handle_signals and threading.current_thread() is threading.main_thread():

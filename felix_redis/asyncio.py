@@ -373,9 +373,9 @@ class AsyncClient:
 
     def group_sharded(
         self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
-        reclaim: bool = True,
+        reclaim: bool = True, shards: Iterable[int] | None = None,
     ) -> AsyncShardedGroup:
-        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim)
+        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards)
 
     async def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -465,9 +465,9 @@ class AsyncShardedGroup(ShardedGroupBase):
 
     def __init__(
         self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None, reclaim: bool = True,
+        consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
         self._client = client
 
     async def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:

@@ -473,10 +473,10 @@ class Client:
 
     def group_sharded(
         self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
-        reclaim: bool = True,
+        reclaim: bool = True, shards: Iterable[int] | None = None,
     ) -> ShardedGroup:
-        """The group across every shard, for workers (see ShardedGroup)."""
-        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim)
+        """The group across every shard (or ``shards``), for workers (see ShardedGroup)."""
+        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards)
 
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -663,9 +663,10 @@ class ShardedGroupBase:
 
     def __init__(
         self, core: Core, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None, reclaim: bool = True,
+        consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
     ) -> None:
         self._core = core
+        self.shards = None if shards is None else list(shards)
         self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
         self.consumer = consumer
         self.reclaim = reclaim
@@ -678,7 +679,7 @@ class ShardedGroupBase:
     def _poll_plan(self, max_records: int, wait: float | None) -> Plan[list[Item]]:
         records, self._cursor = yield from self._core.sharded_poll(
             self.tenant, self.namespace, self.stream, self.group, max_records, wait,
-            self.consumer, self._reclaimed, self._cursor, self.reclaim,
+            self.consumer, self._reclaimed, self._cursor, self.reclaim, self.shards,
         )
         return [Item(r) for r in records]
 
@@ -693,13 +694,13 @@ class ShardedGroupBase:
 class ShardedGroup(ShardedGroupBase):
     """One group across all shards of a stream: fair polling, settles routed to the
     item's shard. ``consumer``: poll as that consumer; ``reclaim``: take back its own
-    in-flight records on the first poll of each shard."""
+    in-flight records on the first poll of each shard; ``shards``: only these shards."""
 
     def __init__(
         self, client: Client, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None, reclaim: bool = True,
+        consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
         self._client = client
 
     def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:

@@ -768,6 +768,7 @@ class Core:
         reclaimed: set[int],
         cursor: int,
         reclaim: bool = True,
+        only: Sequence[int] | None = None,
     ) -> Plan[tuple[list[Record], int]]:
         """Polls every shard fairly: a quota per shard first (starting from a rotating
         shard), then what is left from shards that had more. Returns (records, cursor)."""
@@ -778,12 +779,16 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
-        shards = settings.shards
+        chosen = list(range(settings.shards)) if only is None else [
+            self.shard_of(name, settings, s) for s in dict.fromkeys(only)]
+        if not chosen:
+            raise InvalidArgument("a sharded group needs at least one shard")
+        shards = len(chosen)
         context = f"group {group} on stream {name.path}"
         deadline = time.monotonic() + wait_ms / 1000
         quota = max(1, max_records // shards)
         while True:
-            order = [(cursor + i) % shards for i in range(shards)]
+            order = [chosen[(cursor + i) % shards] for i in range(shards)]
             cursor = (cursor + 1) % shards
             out: list[Record] = []
             more: list[int] = []

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -211,56 +211,6 @@ def report_outcome(
     log.log(OUTCOME_LEVELS[outcome], job_line(where, record, outcome, duration, detail), extra=extra)
 
 
-class ShardPoller:
-    """Polls a chosen subset of a stream's shards (``--shards``), fairly, as ``consumer``.
-
-    The sharded group long-polls every shard at once; for a subset this polls each shard
-    without waiting, then long-polls one shard at a time in short slices.
-    """
-
-    slice_s = 0.25
-
-    def __init__(
-        self, client: Client, tenant: str, namespace: str, stream: str, group: str,
-        shards: Sequence[int], consumer: str | None,
-    ) -> None:
-        self._client = client
-        self._where = (tenant, namespace, stream)
-        self._group = group
-        self._shards = list(shards)
-        self._consumer = consumer
-        self._reclaimed: set[int] = set()
-        self._cursor = 0
-
-    def _poll_one(self, shard: int, n: int, wait: float | None) -> list[Record]:
-        if self._consumer is None:
-            return self._client.group_poll(*self._where, shard, self._group, n, wait)
-        reclaim = shard not in self._reclaimed
-        records = self._client.group_poll_as(
-            *self._where, shard, self._group, self._consumer, reclaim, n, wait)
-        self._reclaimed.add(shard)
-        return records
-
-    def poll(self, max_records: int, wait: float | None = None) -> list[Item]:
-        deadline = time.monotonic() + (wait or 0)
-        count = len(self._shards)
-        while True:
-            out: list[Record] = []
-            for i in range(count):
-                want = max_records - len(out)
-                if want <= 0:
-                    break
-                out += self._poll_one(self._shards[(self._cursor + i) % count], want, None)
-            self._cursor = (self._cursor + 1) % count
-            left = deadline - time.monotonic()
-            if out or left <= 0:
-                return [Item(r) for r in out]
-            slice_s = left if count == 1 else min(left, self.slice_s)
-            out = self._poll_one(self._shards[self._cursor], max_records, slice_s)
-            if out:
-                return [Item(r) for r in out]
-
-
 class Job:
     """One record in a worker's hands: running, finished, or handed back."""
 
@@ -362,7 +312,7 @@ class Worker:
         self._metrics: BoundWorkerMetrics | None = (
             metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
         self._group: ShardedGroup = client.group_sharded(tenant, namespace, stream, group, consumer)
-        self._source: ShardedGroup | ShardPoller = self._group
+        self._source: ShardedGroup = self._group
         self._where = f"{tenant}/{namespace}/{stream}"
         self._stopping = threading.Event()
         self._done = threading.Event()
@@ -404,8 +354,8 @@ class Worker:
             bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
             if bad:
                 raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
-            self._source = ShardPoller(self.client, self.tenant, self.namespace, self.stream,
-                                       self.group, self.shards, self.consumer)
+            self._source = self.client.group_sharded(
+                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
         self._done.clear()
         self._queue = queue.SimpleQueue()
         self._acks = queue.SimpleQueue()
