@@ -313,8 +313,10 @@ class Workload:
                     published = producer.publish_keyed(*self.where, f"k{i % self.keys}", payload)
                 except felix_redis.FelixError as exc:
                     self.published.failure(exc)
-                    # A raised publish may have landed. Continue under a new producer id:
-                    # the old one's sequence may be held by the unreplicated write.
+                    # A raised publish may have landed. Continue under a new producer id,
+                    # as a careful application would: nothing it sends next can be
+                    # taken for a re-send of that one, or hit a sequence gap if the
+                    # failover lost it.
                     producer = None
                 else:
                     self.published.success(published, payload)

@@ -132,9 +132,10 @@ def test_quorum_write_waits_on_the_node_that_took_it(client: felix_redis.Client,
         with pytest.raises(felix_redis.NotReplicated, match=r"shard 0.*0 of 1 required replica"):
             client.publish(T, N, stream, b"unconfirmed", shard=0)
         assert client.publish(T, N, stream, b"confirmed", shard=other).offset == 0
-    # Applied on the primary all the same.
+    # Applied on the primary all the same; the next publish is a record of its own.
     (record,) = client.read(T, N, stream, 0, 0, 10)
     assert record.payload == b"unconfirmed"
+    assert client.publish(T, N, stream, b"next", shard=0).offset == 1
 
 
 def test_async_quorum_write_waits_on_the_node_that_took_it(cluster: ClusterTopology) -> None:

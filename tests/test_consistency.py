@@ -186,13 +186,9 @@ def test_async_quorum_writes(pair: Pair) -> None:
         sync.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.Core.publish keeps the producer's sequence after NotReplicated, so the next "
-    "publish is answered as a re-send of the unreplicated one and its payload is dropped "
-    "(fix: reset the producer on NotReplicated, as on SequenceError)",
-)
 def test_a_publish_after_not_replicated_is_a_new_record(client: felix_redis.Client, pair: Pair) -> None:
+    """The unreplicated publish used its sequence: the next one must not be taken for
+    a re-send of it (and dropped)."""
     stream = _stream(client, replication=2, consistency="quorum")
     producer = client.idempotent_producer()
     with pair.replica_paused(), pytest.raises(felix_redis.NotReplicated):
