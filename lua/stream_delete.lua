@@ -6,6 +6,7 @@
 -- KEYS[2] log       stream: the records
 -- KEYS[3] groups    set: names of the groups on this shard
 -- KEYS[4..] group keys, 10 per group in felix_redis.keys.GROUP_ROLES order
+-- KEYS[4+10*count..] producer keys of this shard (optional; deleted too)
 -- ARGV[1] count     integer, number of groups passed
 -- ARGV[2..] names   the group names, in the order of their keys
 --
@@ -13,7 +14,7 @@
 -- Errors: FELIX_INVALID (arguments do not match), FELIX_CONFLICT (the group list changed
 -- since the caller read it: read again and retry), FELIX_WRONGTYPE.
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 or #KEYS ~= 3 + 10 * count then fail('INVALID', 'group keys do not match the count') end
+if #ARGV ~= count + 1 or #KEYS < 3 + 10 * count then fail('INVALID', 'group keys do not match the count') end
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 expect_type(KEYS[3], 'set')

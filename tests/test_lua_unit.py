@@ -1,0 +1,199 @@
+"""The Lua side on its own: prelude helpers under lupa, and every script refusing bad
+arguments that bypass the Python checks (a second line of defence) without writing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from lupa import lua51
+
+import felix_redis
+from felix_redis import Client
+from felix_redis.keys import StreamName
+from felix_redis.protocol import Eval
+from felix_redis.scripts import lua_dir
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+NAME = StreamName.of("felix", T, N, S)
+SHARD = NAME.shard_keys(0)
+GROUP = [*SHARD, *NAME.group_keys(0, G)]
+
+
+# ------------------------------------------------------------------- prelude under lupa
+
+
+@pytest.fixture(scope="module")
+def prelude() -> Any:
+    lua = lua51.LuaRuntime()
+    lua.execute("redis = {call = function(cmd) if cmd == 'TIME' then return {'1700000000', '123456'} end end}")
+    text = (lua_dir() / "includes" / "prelude.lua").read_text()
+    p = lua.execute(
+        text + "\nreturn {fail = fail, fmt = fmt, now_ms = now_ms, int_arg = int_arg, "
+        "parse_id = parse_id, entry_fields = entry_fields}"
+    )
+    # Calls f under pcall: (True, result) or (False, the FELIX_... message).
+    p.try_ = lua.execute(
+        "return function(f, ...) local ok, e = pcall(f, ...) "
+        "if ok then return true, e end return false, type(e) == 'table' and e.felix or tostring(e) end"
+    )
+    p.table = lua.table_from
+    return p
+
+
+def test_now_ms(prelude: Any) -> None:
+    assert prelude.now_ms() == 1_700_000_000_123
+
+
+def test_fmt_writes_large_integers_without_exponent(prelude: Any) -> None:
+    assert prelude.fmt(2**52) == "4503599627370496"
+    assert prelude.fmt(1_700_000_000_123) == "1700000000123"
+    assert prelude.fmt(0) == "0"
+
+
+@pytest.mark.parametrize("value, lo, hi, want", [("0", 0, 10, 0), ("10", 0, 10, 10), ("-3", -5, 5, -3),
+                                                  ("4503599627370496", 0, 2**52, 2**52)])
+def test_int_arg_accepts(prelude: Any, value: str, lo: int, hi: int, want: int) -> None:
+    assert prelude.int_arg(value, "x", lo, hi) == want
+
+
+@pytest.mark.parametrize("value", ["", " 1", "1 ", "1.5", "1e3", "0x10", "+1", "11", "-1", "abc",
+                                   "12345678901234567", None])
+def test_int_arg_refuses(prelude: Any, value: str | None) -> None:
+    ok, message = prelude.try_(prelude.int_arg, value, "thing", 0, 10)
+    assert ok is False
+    assert message.startswith("FELIX_INVALID thing must be")
+
+
+def test_fail_raises_a_felix_error(prelude: Any) -> None:
+    assert tuple(prelude.try_(prelude.fail, "NOT_FOUND", "no such thing")) == (
+        False, "FELIX_NOT_FOUND no such thing")
+
+
+def test_parse_id_and_entry_fields(prelude: Any) -> None:
+    off, ms = prelude.parse_id("15-1700000000000")
+    assert (off, ms) == (15, "1700000000000")
+    fields = prelude.table(["p", "payload", "k", "key"])
+    assert tuple(prelude.entry_fields(fields)) == ("payload", "key")
+    payload, key = prelude.entry_fields(prelude.table(["p", "only"]))
+    assert (payload, key) == ("only", False)
+
+
+# --------------------------------------------------- scripts refuse bad raw arguments
+
+
+def run(client: Client, script: str, keys: list[str], args: list[Any]) -> Any:
+    return client._execute(Eval(script, keys, args, f"raw {script}"))
+
+
+@pytest.fixture
+def ready(stream: Client) -> Client:
+    stream.publish_batch(T, N, S, [b"a", b"b", b"c"])
+    stream.group_poll(T, N, S, 0, G, max_records=1)
+    return stream
+
+
+NEW_GROUP = [*SHARD, *NAME.group_keys(0, "g2"), NAME.groups_key(0)]
+NEW_STREAM = StreamName.of("felix", T, N, "fresh").shard_keys(0)
+OK_CREATE = ["queue", "2", "0", "1", "leader", "0", "0", "100", "acme/prod/fresh"]
+
+BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
+    ("group_poll", GROUP, ["0", "", "0"]),
+    ("group_poll", GROUP, ["10001", "", "0"]),
+    ("group_poll", GROUP, ["1.5", "", "0"]),
+    ("group_poll", GROUP, ["", "", "0"]),
+    ("group_ack", GROUP, []),
+    ("group_ack", GROUP, ["-1"]),
+    ("group_ack", GROUP, ["0", "x"]),
+    ("group_nack", GROUP, ["0", "1", "-1"]),
+    ("group_nack", GROUP, ["0", "1", "604800001"]),
+    ("group_nack", GROUP, ["0", "0", "0"]),
+    ("group_nack", GROUP, ["0", "1", ""]),
+    ("group_extend", GROUP, ["0", "1", "0"]),
+    ("group_extend", GROUP, ["0", "1", "-5"]),
+    ("group_extend", GROUP, ["x", "1", ""]),
+    ("group_dead_letter", GROUP, ["0", "1", "x" * 4097]),
+    ("group_dead_letter", GROUP, ["0", "-1", ""]),
+    ("group_configure", GROUP, ["0", ""]),
+    ("group_configure", GROUP, ["", "0"]),
+    ("group_configure", GROUP, ["abc", ""]),
+    ("group_create", NEW_GROUP, ["g2", "soon", "1000", "5", "1"]),
+    ("group_create", NEW_GROUP, ["g2", "earliest", "0", "5", "1"]),
+    ("group_create", NEW_GROUP, ["g2", "earliest", "1000", "0", "1"]),
+    ("group_create", NEW_GROUP, ["g2", "4", "1000", "5", "1"]),  # beyond the tail (3)
+    ("group_redrive", GROUP, ["some", "0"]),
+    ("group_redrive", GROUP, ["list", "0"]),
+    ("group_redrive", GROUP, ["list", "0", "x"]),
+    ("group_discard", GROUP, ["some", "0"]),
+    ("group_discard", GROUP, ["list", "0"]),
+    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "0", b"x"]),
+    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000"]),
+    ("publish", [*SHARD, NAME.producer_key(0, 7)], ["", "7", "0", "1000", b"x"]),
+    ("publish", [*SHARD, SHARD[0]], ["", "", "x", "1000", b"x"]),
+    ("stream_read", SHARD, ["-1", "1"]),
+    ("stream_read", SHARD, ["0", "0"]),
+    ("stream_create", NEW_STREAM, ["topic", *OK_CREATE[1:]]),
+    ("stream_create", NEW_STREAM, [OK_CREATE[0], "0", *OK_CREATE[2:]]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:2], "2", *OK_CREATE[3:]]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:3], "17", *OK_CREATE[4:]]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:4], "most", *OK_CREATE[5:]]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:5], "-1", *OK_CREATE[6:]]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:7], "0", OK_CREATE[8]]),
+    ("stream_delete", [*SHARD, NAME.groups_key(0)], ["x"]),
+    ("stream_delete", [*SHARD, NAME.groups_key(0)], ["1", G]),  # keys of the group missing
+]
+
+
+@pytest.mark.parametrize("script, keys, args", BAD_RAW, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(BAD_RAW)])
+def test_script_refuses_bad_raw_arguments(
+    ready: Client, unchanged: Callable[[], Any], script: str, keys: list[str], args: list[Any]
+) -> None:
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        run(ready, script, keys, args)
+
+
+def test_stream_create_good_raw_arguments_work(client: Client) -> None:
+    assert run(client, "stream_create", NEW_STREAM, OK_CREATE) == 1
+    assert run(client, "stream_create", NEW_STREAM, OK_CREATE) == 0
+
+
+def test_group_create_not_strict_leaves_an_existing_group(ready: Client, unchanged: Callable[[], Any]) -> None:
+    keys = [*GROUP, NAME.groups_key(0)]
+    with unchanged():
+        assert run(ready, "group_create", keys, [G, "latest", "5", "1", "0"]) == 0
+    with unchanged(), pytest.raises(felix_redis.GroupExists):
+        run(ready, "group_create", keys, [G, "latest", "5", "1", "1"])
+
+
+def test_group_delete_is_safe_to_run_twice(ready: Client) -> None:
+    keys = [*GROUP, NAME.groups_key(0)]
+    assert run(ready, "group_delete", keys, [G]) == 1
+    assert run(ready, "group_delete", keys, [G]) == 0
+    assert ready.redis.keys("*:g:*") == []
+
+
+def test_stream_delete_refuses_a_stale_group_list(ready: Client, unchanged: Callable[[], Any]) -> None:
+    from felix_redis.errors import Conflict
+
+    with unchanged(), pytest.raises(Conflict):
+        run(ready, "stream_delete", [*SHARD, NAME.groups_key(0)], ["0"])
+
+
+def test_stream_delete_also_deletes_producer_keys_passed_to_it(ready: Client) -> None:
+    producer = ready.idempotent_producer()
+    producer.publish(T, N, S, b"x", shard=0)
+    pkey = NAME.producer_key(0, producer.id or 0)
+    assert ready.redis.exists(pkey)
+    producers = [k.decode() for k in ready.redis.keys("*{acme/prod/jobs/0}:producer:*")]
+    assert pkey in producers
+    keys = [*SHARD, NAME.groups_key(0), *NAME.group_keys(0, G), *producers]
+    assert run(ready, "stream_delete", keys, ["1", G]) == 1
+    assert set(ready.redis.keys("*{acme/prod/jobs/0}*")) == set()
+
+
+def test_publish_refuses_wrong_type_producer_key(ready: Client, unchanged: Callable[[], Any]) -> None:
+    pkey = NAME.producer_key(0, 9)
+    ready.redis.hset(pkey, "x", "y")
+    with unchanged(), pytest.raises(felix_redis.WrongKeyType):
+        run(ready, "publish", [*SHARD, pkey], ["", "9", "1", "1000", b"x"])
