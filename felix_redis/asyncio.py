@@ -29,6 +29,7 @@ from felix_redis.client import (
 )
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, redact_url
+from felix_redis.keys import check_record_key
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
     BlockAny,
@@ -39,6 +40,7 @@ from felix_redis.protocol import (
     Plan,
     ProducerState,
     as_bytes,
+    check_list,
     retry_delays,
     retry_safe,
 )
@@ -270,13 +272,13 @@ class AsyncClient:
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], key=key))[0]
+        return (await self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key)))[0]
 
     async def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
         shard: int | None = None, key: str | bytes | None = None,
     ) -> list[Published]:
-        raw = [as_bytes(p) for p in payloads]
+        raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
         s, first, count = await self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
         return [Published(s, first + i) for i in range(count)]
 
@@ -442,7 +444,7 @@ class AsyncIdempotentProducer:
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
         shard: int | None = None, key: str | bytes | None = None,
     ) -> list[Published]:
-        raw = [as_bytes(p) for p in payloads]
+        raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
         async with self._lock:
             s, first, count = await self._client._drive(self._client.core.publish(
                 tenant, namespace, stream, raw, shard, key, self._state))
@@ -457,7 +459,7 @@ class AsyncIdempotentProducer:
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], key=key))[0]
+        return (await self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key)))[0]
 
 
 class AsyncShardedGroup(ShardedGroupBase):

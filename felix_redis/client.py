@@ -31,6 +31,7 @@ from felix_redis.errors import (
     from_response,
     redact_url,
 )
+from felix_redis.keys import check_record_key
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
@@ -42,6 +43,7 @@ from felix_redis.protocol import (
     Plan,
     ProducerState,
     as_bytes,
+    check_list,
     retry_delays,
     retry_safe,
 )
@@ -59,14 +61,23 @@ UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, Rea
 def translate(exc: Exception, op: Op, server: str) -> Exception:
     """A FelixError for a redis-py exception raised while running ``op``."""
     context = getattr(op, "context", "")
+    prefix = f"{context}: " if context else ""
     if isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_ERRORS):
-        return ConnectionFailed(f"{context}: Redis at {server} cannot take the call now: {exc}")
+        return ConnectionFailed(f"{prefix}Redis at {server} cannot take the call now: {exc}")
     if isinstance(exc, ResponseError):
         mapped = from_response(str(exc))
         if mapped is None:
-            return FelixError(f"{context}: Redis error: {exc}")
-        return type(mapped)(f"{context}: {mapped}" if context else str(mapped))
-    return ConnectionFailed(f"cannot reach Redis at {server}: {exc}")
+            return FelixError(f"{prefix}Redis error: {exc}")
+        return type(mapped)(f"{prefix}{mapped}")
+    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc)}")
+
+
+def _short(exc: Exception) -> str:
+    """The gist of a redis-py connection error (some carry kilobytes of pool repr)."""
+    if type(exc).__name__ == "MasterNotFoundError":
+        return str(exc).split(" : ", 1)[0] + " by the sentinels"
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def not_replicated(op: Eval, acked: int, timeout_ms: int) -> NotReplicated:
@@ -97,6 +108,11 @@ def max_block_ms(raw: Any) -> int:
 
 
 def check_raw_client(raw: Any) -> None:
+    if not (hasattr(raw, "register_script") and hasattr(raw, "execute_command")):
+        raise InvalidArgument(
+            f"Client() wraps a Redis client (redis.Redis, Sentinel.master_for(...), RedisCluster), "
+            f"got {type(raw).__name__}; use felix_redis.connect(url) for a URL"
+        )
     pool = getattr(raw, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
     if kwargs.get("decode_responses") or (getattr(raw, "get_encoder", None) and getattr(
@@ -324,7 +340,7 @@ class Client:
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
         """Appends one record to the shard ``crc32(key) % shards``."""
-        return self.publish_batch(tenant, namespace, stream, [payload], key=key)[0]
+        return self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key))[0]
 
     def publish_batch(
         self,
@@ -336,7 +352,7 @@ class Client:
         key: str | bytes | None = None,
     ) -> list[Published]:
         """Appends many records to one shard atomically (one script call)."""
-        raw = [as_bytes(p) for p in payloads]
+        raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
         s, first, count = self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
         return [Published(s, first + i) for i in range(count)]
 
@@ -590,7 +606,7 @@ class IdempotentProducer:
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
         shard: int | None = None, key: str | bytes | None = None,
     ) -> list[Published]:
-        raw = [as_bytes(p) for p in payloads]
+        raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
         with self._state.lock:
             s, first, count = self._client._drive(self._client.core.publish(
                 tenant, namespace, stream, raw, shard, key, self._state))
@@ -605,7 +621,7 @@ class IdempotentProducer:
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
-        return self.publish_batch(tenant, namespace, stream, [payload], key=key)[0]
+        return self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key))[0]
 
 
 class Item:
@@ -686,7 +702,7 @@ class ShardedGroupBase:
     @staticmethod
     def _by_shard(items: Iterable[Ref]) -> dict[int, list[Ref]]:
         grouped: dict[int, list[Ref]] = {}
-        for item in items:
+        for item in check_list(items, "items"):
             grouped.setdefault(_shard(item), []).append(item)
         return grouped
 

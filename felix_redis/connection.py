@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from felix_redis.constants import DEFAULT_URL, ENV_URL
-from felix_redis.errors import InvalidArgument, redact_url
+from felix_redis.errors import ConnectionFailed, InvalidArgument, redact_url
 
 __all__ = ["ParsedUrl", "async_client", "parse_url", "resolve_url", "sync_client"]
 
@@ -29,7 +29,7 @@ _memory_lock = threading.Lock()
 def default_retry_for(url: str) -> float:
     """Seconds to retry safe operations: long enough to ride out a Sentinel or Cluster
     failover on those URLs, short elsewhere."""
-    scheme = url.split("://", 1)[0].lower()
+    scheme = parse_url(url).scheme
     return 20.0 if ("sentinel" in scheme or "cluster" in scheme) else 2.0
 
 
@@ -57,6 +57,8 @@ class ParsedUrl:
 def parse_url(url: str) -> ParsedUrl:
     """Parses the multi-host forms (sentinel, cluster) and memory://; others pass through."""
     if not isinstance(url, str) or "://" not in url:
+        if not isinstance(url, str):
+            raise InvalidArgument(f"a Redis URL must be a string, got {type(url).__name__}")
         raise InvalidArgument(f"not a Redis URL: {redact_url(str(url))!r}")
     scheme = url.split("://", 1)[0].lower()
     if scheme not in SCHEMES:
@@ -66,6 +68,15 @@ def parse_url(url: str) -> ParsedUrl:
     if scheme == "memory":
         return ParsedUrl(scheme, name=url.split("://", 1)[1].strip("/") or "default")
     if "+" not in scheme:
+        if scheme != "unix":
+            split = urlsplit(url)
+            try:
+                split.port  # noqa: B018 - raises ValueError for a bad port
+            except ValueError:
+                raise InvalidArgument(f"bad port in {redact_url(url)!r}") from None
+            path = split.path.strip("/")
+            if path and not path.isdigit():
+                raise InvalidArgument(f"bad database number {path!r} in {redact_url(url)!r}")
         return ParsedUrl(scheme)
     rest = url.split("://", 1)[1]
     query = ""
@@ -164,9 +175,15 @@ def sync_client(url: str) -> Any:
         return sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
     if "cluster" in parsed.scheme:
         from redis.cluster import ClusterNode, RedisCluster
+        from redis.exceptions import RedisClusterException
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
+        try:
+            return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            hosts = ",".join(f"{h}:{p}" for h, p in parsed.hosts)
+            raise ConnectionFailed(
+                f"cannot reach Redis Cluster at {hosts}: {str(exc).splitlines()[0][:300]}") from None
     return redis.Redis.from_url(url)
 
 

@@ -97,7 +97,7 @@ class Claim:
         return f"{self.shard}:{self.offset}:{self.attempts}"
 
 
-_CLAIM_RE = re.compile(r"(\d{1,9}):(\d{1,16})(?::(\d{1,16}))?")
+_CLAIM_RE = re.compile(r"([0-9]{1,9}):([0-9]{1,16})(?::([0-9]{1,16}))?")
 
 
 def parse_claim(text: str, *, attempts_required: bool = True) -> Claim:

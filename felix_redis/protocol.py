@@ -10,6 +10,7 @@ asyncio.py), so argument building, reply parsing, validation and multi-step logi
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import threading
 import time
@@ -27,6 +28,7 @@ from felix_redis.errors import (
     NotFound,
     NotReplicated,
     SequenceError,
+    WrongKeyType,
 )
 from felix_redis.keys import (
     GROUP_ROLES,
@@ -123,7 +125,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
     "group_poll", "group_ack", "group_configure", "group_discard",
 })
 RETRY_SAFE_COMMANDS = frozenset({
-    "INFO", "EXISTS", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
+    "INFO", "EXISTS", "TYPE", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -141,14 +143,13 @@ def retry_safe(op: object) -> bool:
 
 
 def retry_delays(total_s: float) -> Generator[float, None, None]:
-    """Jittered exponential pauses (50 ms doubling to 1 s) adding up to ~``total_s``."""
-    spent, base = 0.0, 0.05
-    while spent < total_s:
-        pause = min(base, 1.0) * (0.5 + random.random() / 2)
-        pause = min(pause, total_s - spent)
-        spent += pause
+    """Jittered exponential pauses (50 ms doubling to 1 s) until ``total_s`` of wall
+    time has passed since the first one was asked for."""
+    deadline = time.monotonic() + total_s
+    base = 0.05
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(min(base, 1.0) * (0.5 + random.random() / 2), left)
         base *= 2
-        yield pause
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -164,6 +165,13 @@ def as_bytes(payload: object, what: str = "payload") -> bytes:
     raise InvalidArgument(f"{what} must be bytes or str, got {type(payload).__name__}")
 
 
+def check_list(value: object, what: str) -> list[Any]:
+    """``value`` as a list, refusing str/bytes (iterable, but never meant as a list)."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{what} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
 def check_int(value: object, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{what} must be an integer, got {value!r}")
@@ -175,11 +183,11 @@ def check_int(value: object, what: str, lo: int, hi: int) -> int:
 def seconds_to_ms(value: object, what: str, lo_ms: int, hi_ms: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
-    if value != value:  # NaN
-        raise InvalidArgument(f"{what} must be a number, got NaN")
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, got {value}")
     if value < 0:
         raise InvalidArgument(f"{what} must not be negative, got {value}")
-    ms = round(value * 1000)
+    ms = round(value * 1000) if value <= hi_ms else hi_ms + 1
     if not lo_ms <= ms <= hi_ms:
         raise InvalidArgument(
             f"{what} must be between {lo_ms / 1000:g} and {hi_ms / 1000:g} seconds, got {value}"
@@ -292,6 +300,8 @@ def resolve(ref: object, shard: int | None, *, need_attempts: bool) -> Target:
     record = getattr(ref, "record", ref)
     if isinstance(record, Record):
         target = Target(record.shard, record.offset, record.attempts or None)
+    elif isinstance(ref, DeadLetter):
+        target = Target(ref.shard, ref.offset, None)
     elif isinstance(ref, str):
         claim = parse_claim(ref, attempts_required=need_attempts)
         target = Target(claim.shard, claim.offset, claim.attempts)
@@ -413,6 +423,7 @@ class Core:
                     f"replication={replication} needs {replication} copies, but this deployment "
                     f"holds {copies} (the primary and {copies - 1} connected replica(s))"
                 )
+        yield from self.check_registry()
         created = 0
         # Shard 0 last: while it is missing the stream does not exist for anyone.
         for shard in reversed(range(shards)):
@@ -427,9 +438,19 @@ class Core:
         self.forget(name)
         return created > 0
 
+    def check_registry(self) -> Plan[None]:
+        """WrongKeyType unless the stream registry is a sorted set (or missing)."""
+        key = registry_key(self.prefix)
+        kind = _text((yield Cmd("TYPE", key, key=key)))
+        if kind not in ("zset", "none"):
+            raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a zset; another application wrote it")
+
     def copies(self, name: StreamName) -> Plan[int]:
         """How many copies of a shard's keys this deployment keeps (primary + replicas)."""
-        info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
+        try:
+            info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
+        except FelixError:
+            return 1  # a backend without INFO (memory://) keeps one copy
         if isinstance(info, dict):
             return 1 + int(info.get("connected_slaves", 0))
         text = _text(info)
@@ -474,10 +495,14 @@ class Core:
             check_name(tenant, "tenant")
         if namespace is not None:
             check_name(namespace, "namespace")
+        yield from self.check_registry()
         members = yield Cmd("ZRANGE", registry_key(self.prefix), 0, -1, key=registry_key(self.prefix))
         out = []
         for member in members:
-            t, n, s = _text(member).split("/")
+            parts = _text(member).split("/")
+            if len(parts) != 3:
+                continue  # not written by felix-redis
+            t, n, s = parts
             if (tenant is None or t == tenant) and (namespace is None or n == namespace):
                 out.append((t, n, s))
         return out
@@ -485,6 +510,7 @@ class Core:
     def stream_delete(self, tenant: str, namespace: str, stream: str) -> Plan[None]:
         name = self.name(tenant, namespace, stream)
         settings = yield from self.settings(name)
+        yield from self.check_registry()
         existed = 0
         for shard in reversed(range(settings.shards)):
             for attempt in range(10):
@@ -590,14 +616,11 @@ class Core:
                 # the shard's memory if the first landed.
                 yield Sleep(0.05 + random.random() * 0.1)
                 reply = yield op
-        except NotReplicated:
-            # The primary took the records; the sequence is used.
-            producer.sequences[slot] = seq
-            raise
-        except (ConnectionFailed, SequenceError):
-            # Unknown outcome (lost twice) or a sequence the shard refused: start over
-            # as a new producer, so the next publish can neither hit a gap nor be
-            # mistaken for a re-send of this one.
+        except (ConnectionFailed, SequenceError, NotReplicated):
+            # Unknown outcome (lost twice; or applied on the primary only, which a
+            # failover may undo) or a sequence the shard refused: start over as a new
+            # producer, so the next publish can neither hit a gap nor be mistaken for a
+            # re-send of this one.
             producer.reset()
             raise
         except FelixError:
@@ -613,7 +636,14 @@ class Core:
     def new_producer_id(self) -> Plan[int]:
         """A producer id: a counter from Redis, shifted, plus 20 random bits. A counter
         that went back in a failover cannot hand the same id out twice."""
-        n = yield Cmd("INCR", producer_ids_key(self.prefix), key=producer_ids_key(self.prefix))
+        key = producer_ids_key(self.prefix)
+        kind = _text((yield Cmd("TYPE", key, key=key)))
+        if kind not in ("string", "none"):
+            raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a counter")
+        try:
+            n = yield Cmd("INCR", key, key=key)
+        except FelixError as exc:
+            raise WrongKeyType(f"key {key} does not hold a counter ({exc}); another application wrote it") from None
         return (int(n) << 20) | random.getrandbits(20)
 
     # -- groups
@@ -644,8 +674,14 @@ class Core:
         attempts = check_int(max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
         context = f"group {group} on stream {name.path}"
-        if (yield Cmd("EXISTS", name.group_keys(0, group)[0], key=name.group_keys(0, group)[0])):
+        group_key = name.group_keys(0, group)[0]
+        kind = _text((yield Cmd("TYPE", group_key, key=group_key)))
+        if kind == "hash":
             raise GroupExists(f"{context}: group exists already")
+        if kind != "none":
+            raise WrongKeyType(
+                f"{context}: key {group_key} holds a {kind} where felix-redis keeps a hash; "
+                "another application wrote it")
         # Shard 0 last and strict: it decides whether the group exists.
         for shard in reversed(range(settings.shards)):
             yield Eval(
@@ -801,10 +837,16 @@ class Core:
                         break
                     keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
                     first = reclaim and consumer is not None and shard not in reclaimed
-                    reply = yield Eval(
-                        "group_poll", keys, [want, consumer or "", 1 if first else 0],
-                        f"{context} shard {shard}", settings.replicas,
-                    )
+                    try:
+                        reply = yield Eval(
+                            "group_poll", keys, [want, consumer or "", 1 if first else 0],
+                            f"{context} shard {shard}", settings.replicas,
+                        )
+                    except (ConnectionFailed, NotReplicated):
+                        if out:
+                            # hand out what other shards leased rather than let it lapse
+                            return out, cursor
+                        raise
                     if first:
                         reclaimed.add(shard)
                     count = int(reply[4])
@@ -829,7 +871,7 @@ class Core:
     ) -> Plan[list[bool]]:
         _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
-        offsets = [resolve(ref, shard, need_attempts=False).offset for ref in refs]
+        offsets = [resolve(ref, shard, need_attempts=False).offset for ref in check_list(refs, "offsets")]
         if not offsets:
             return []
         if len(offsets) > C.MAX_BATCH:
@@ -888,8 +930,14 @@ class Core:
         reply = yield Eval("group_dead_letters", keys, [], context)
         out = []
         for i in range(0, len(reply), 2):
-            attempts, ms, reason = _text(reply[i + 1]).split("|", 2)
-            out.append(DeadLetter(shard, int(reply[i]), int(attempts), reason, int(ms)))
+            try:
+                attempts, ms, reason = _text(reply[i + 1]).split("|", 2)
+                out.append(DeadLetter(shard, int(reply[i]), int(attempts), reason, int(ms)))
+            except ValueError:
+                raise FelixError(
+                    f"{context}: dead-letter entry {_text(reply[i])!r} is not in felix-redis's format "
+                    "(ATTEMPTS|MS|REASON); another application wrote it"
+                ) from None
         out.sort(key=lambda d: d.offset)
         return out
 
@@ -900,7 +948,7 @@ class Core:
         _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         if offsets is not None:
-            chosen = [resolve(ref, shard, need_attempts=False).offset for ref in offsets]
+            chosen = [resolve(ref, shard, need_attempts=False).offset for ref in check_list(offsets, "offsets")]
             if not chosen:
                 return 0
             if len(chosen) > C.MAX_BATCH:

@@ -787,3 +787,122 @@ def test_stream_delete_wrong_type_on_shard_0_of_two(client: felix_redis.Client, 
     plant(store, key)
     with unchanged():
         refused(WrongKeyType, lambda: client.stream_delete(T, N, S), key)
+
+
+# ------------------------------------------------ leaks found in review, fixed since
+
+
+# --- 1. seconds_to_ms overflows on inf / huge floats
+@HYPO
+@given(seconds=st.sampled_from([math.inf, -math.inf, 1e306, 1.7976931348623157e308]) | st.floats(min_value=1e306))
+def test_infinite_durations(seconds: float, stream: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    group = stream.group_sharded(T, N, S, G)
+    with unchanged():
+        refused(InvalidArgument, lambda: stream.group_nack(T, N, S, 0, G, "0:0:1", delay=seconds), "delay")
+        refused(InvalidArgument, lambda: stream.group_extend(T, N, S, 0, G, "0:0:1", by=seconds), "by")
+        refused(InvalidArgument, lambda: stream.group_poll(T, N, S, 0, G, wait=seconds), "wait")
+        refused(InvalidArgument, lambda: group.poll(1, wait=seconds), "wait")
+        refused(InvalidArgument, lambda: group.nack_after(rec(), seconds), "delay")
+
+
+# --- 2. collections that are not collections
+def test_batches_that_are_not_lists(stream: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    producer = stream.idempotent_producer()
+    with unchanged():
+        for bad in (None, 5, 5.0, "hello", b"hello"):
+            refused(InvalidArgument, lambda b=bad: stream.publish_batch(T, N, S, b), "payloads")
+            refused(InvalidArgument, lambda b=bad: producer.publish_batch(T, N, S, b), "payloads")
+        for bad in (5, 5.0, "0:0:1", b"0"):
+            refused(InvalidArgument, lambda b=bad: stream.group_ack_many(T, N, S, 0, G, b), "offsets")
+            refused(InvalidArgument, lambda b=bad: stream.group_redrive(T, N, S, 0, G, b), "offsets")
+            refused(InvalidArgument, lambda b=bad: stream.group_discard(T, N, S, 0, G, b), "offsets")
+            refused(InvalidArgument, lambda b=bad: stream.group_sharded(T, N, S, G).ack_many(b), "items")
+
+
+# --- 4. publish_keyed(key=None) publishes an unkeyed record instead of refusing
+def test_publish_keyed_needs_a_key(stream: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    producer = stream.idempotent_producer()
+    with unchanged():
+        refused(InvalidArgument, lambda: stream.publish_keyed(T, N, S, None, b"x"), "key")
+        refused(InvalidArgument, lambda: producer.publish_keyed(T, N, S, None, b"x"), "key")
+
+
+# --- 5. claims with non-ASCII digits are accepted
+def test_claims_are_ascii() -> None:
+    for text in ("\u0660:\u0660:\u0661", "\uff10:\uff10:\uff11", "0:\u0967\u096b:1"):
+        refused(InvalidArgument, lambda t=text: felix_redis.parse_claim(t), "claim")
+
+
+# --- 6. clients and URLs
+def test_client_of_something_that_is_not_a_redis_client() -> None:
+    for bad in (None, "redis://localhost:6379/0", 5, object()):
+        refused(InvalidArgument, lambda b=bad: felix_redis.Client(b), "Redis client")
+
+
+def test_url_that_is_not_a_string() -> None:
+    for bad in (123, b"redis://localhost", ["redis://localhost"]):
+        refused(InvalidArgument, lambda b=bad: felix_redis.connect(b), "URL")
+
+
+def test_bad_port_and_db_in_plain_urls() -> None:
+    for url in ("redis://:s3cret@127.0.0.1:notaport/0", "redis://127.0.0.1:99999/0", "redis://127.0.0.1:1/notadb"):
+        err = refused(InvalidArgument, lambda u=url: felix_redis.connect(u))
+        assert "s3cret" not in str(err)
+
+
+def test_unreachable_cluster_is_a_connection_failure() -> None:
+    with pytest.raises(felix_redis.ConnectionFailed) as info:
+        felix_redis.connect("redis+cluster://:s3cret@127.0.0.1:1").stream_list()
+    assert "127.0.0.1:1" in str(info.value) and "s3cret" not in str(info.value)
+
+
+# --- 7. replication=2 on memory://
+def test_replication_on_memory(backend: tuple[str, Any], client: felix_redis.Client,
+                               unchanged: Callable[[], Any]) -> None:
+    with unchanged():
+        refused(InvalidArgument, lambda: client.stream_create(T, N, S, replication=2), "replication=2")
+
+
+def test_stream_create_with_wrong_type_registry(client: felix_redis.Client, store: Any,
+                                                unchanged: Callable[[], Any]) -> None:
+    plant(store, "felix:streams")
+    with unchanged():
+        refused(WrongKeyType, lambda: client.stream_create(T, N, S), "felix:streams")
+
+
+def test_stream_delete_with_wrong_type_registry(stream: felix_redis.Client, store: Any,
+                                                unchanged: Callable[[], Any]) -> None:
+    plant(store, "felix:streams")
+    with unchanged():
+        refused(WrongKeyType, lambda: stream.stream_delete(T, N, S), "felix:streams")
+
+
+# --- 9. wrong class / silent deletes for wrong-type group keys
+def test_group_create_over_a_wrong_type_group_hash(stream: felix_redis.Client, store: Any,
+                                                   unchanged: Callable[[], Any]) -> None:
+    key = role_key(stream, "group", group="g2")
+    plant(store, key)
+    with unchanged():
+        refused(WrongKeyType, lambda: stream.group_create(T, N, S, "g2"), key)
+
+
+# --- 10. foreign data inside felix keys of the right type
+def test_stream_list_with_a_foreign_registry_member(stream: felix_redis.Client, store: Any,
+                                                    unchanged: Callable[[], Any]) -> None:
+    store.zadd("felix:streams", {"not-a-stream-path": 0})
+    with unchanged():
+        assert stream.stream_list() == [(T, N, S)]  # foreign members are passed over
+
+
+def test_dead_letters_with_a_foreign_entry(stream: felix_redis.Client, store: Any,
+                                           unchanged: Callable[[], Any]) -> None:
+    store.hset(role_key(stream, "dead"), "0", "garbage")
+    with unchanged(), pytest.raises(FelixError):
+        stream.group_dead_letters(T, N, S, 0, G)
+
+
+def test_producer_ids_counter_holding_text(stream: felix_redis.Client, store: Any,
+                                           unchanged: Callable[[], Any]) -> None:
+    store.set("felix:producer-ids", "not a number")
+    with unchanged():
+        refused(WrongKeyType, lambda: stream.idempotent_producer(), "felix:producer-ids")
