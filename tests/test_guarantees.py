@@ -173,6 +173,22 @@ def test_2_a_held_record_goes_to_no_other_poller(client: Client, backend: tuple[
         other.close()
 
 
+def test_2_another_poll_does_not_end_a_valid_lease(client: Client, backend: tuple[str, Any]) -> None:
+    make(client, records=1, visibility_timeout_ms=800)
+    (r,) = poll(client)
+    other = felix_redis.connect(backend[0])
+    try:
+        assert other.group_poll(T, N, S, 0, G) == []
+        s = state(client)
+        assert (s.in_flight, s.owed) == (1, 0)
+        client.group_extend(T, N, S, 0, G, r, by=0.8)  # still the holder
+        assert other.group_poll(T, N, S, 0, G) == []
+        client.group_nack(T, N, S, 0, G, r)
+        assert seen(other.group_poll(T, N, S, 0, G)) == [(0, 2)]
+    finally:
+        other.close()
+
+
 @needs_redis
 def test_2_concurrent_pollers_never_share_a_valid_lease(redis_client: Client, redis_url: str) -> None:
     total = 400
@@ -337,6 +353,18 @@ def test_4_reclaimed_record_is_dead_after_max_attempts(client: Client) -> None:
     assert r.attempts == 2
     assert client.group_poll_as(T, N, S, 0, G, consumer="w1", reclaim=True) == []
     assert [(d.offset, d.attempts) for d in client.group_dead_letters(T, N, S, 0, G)] == [(0, 2)]
+
+
+def test_4_lowering_max_attempts_applies_to_owed_records(client: Client) -> None:
+    make(client, records=2, max_attempts=5)
+    (r, _) = poll(client)
+    client.group_nack(T, N, S, 0, G, r)
+    (r,) = poll(client, 1)
+    client.group_nack(T, N, S, 0, G, r)  # owed after 2 deliveries
+    client.group_configure(T, N, S, G, max_attempts=2)
+    assert poll(client) == []  # not delivered a third time
+    assert [(d.offset, d.attempts) for d in client.group_dead_letters(T, N, S, 0, G)] == [(0, 2)]
+    assert state(client).owed == 0
 
 
 def test_4_redrive_makes_a_dead_letter_owed_with_attempts_from_one(client: Client) -> None:

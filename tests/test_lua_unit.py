@@ -197,3 +197,11 @@ def test_publish_refuses_wrong_type_producer_key(ready: Client, unchanged: Calla
     ready.redis.hset(pkey, "x", "y")
     with unchanged(), pytest.raises(felix_redis.WrongKeyType):
         run(ready, "publish", [*SHARD, pkey], ["", "9", "1", "1000", b"x"])
+
+
+def test_publish_refuses_oversize_raw_payload(client: Client, unchanged: Callable[[], Any]) -> None:
+    client.stream_create(T, N, S, max_payload=10)
+    keys = [*SHARD, SHARD[0]]
+    assert run(client, "publish", keys, ["", "", "0", "1000", b"x" * 10])[:2] == [0, 1]
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument, match="at most 10"):
+        run(client, "publish", keys, ["", "", "0", "1000", b"ok", b"x" * 11])
