@@ -364,3 +364,302 @@ class Workload:
         self._stop_working.set()
         for thread in self._producers + self._workers:
             thread.join(timeout=30)
+
+
+# ---------------------------------------------------------------- chaos: leases, positions, kills
+#
+# The chaos test (tests/test_chaos.py) runs worker *processes* that it SIGKILLs, so
+# their deliveries are written to per-process files (tests/chaos_jobs.py) with the Redis
+# server's clock (TIME, microseconds) around each event. The functions below read those
+# files and check, with bounds that only use what the log proves (no timing guesses):
+#
+# - one holder: the lease of delivery n+1 of a record did not start while the lease of
+#   delivery n was valid (server time);
+# - positions: a sampled position never moved back and was never above a record that
+#   was certainly unfinished when it was sampled;
+# - how many deliveries a kill caused.
+
+
+@dataclass
+class Lease:
+    """One delivery of one record, from a worker's event log (times: server, us)."""
+
+    shard: int
+    offset: int
+    attempts: int
+    consumer: str
+    pid: int
+    before: int  # TIME before the poll call: <= the lease start
+    after: int  # TIME after the poll returned: >= the lease start
+    started: int | None = None  # handler start
+    ended: int | None = None  # handler end (written before any ack or nack)
+    ok: bool | None = None  # handler returned (True) or raised (False)
+    outcome: str | None = None  # the worker's settle outcome (acked, retried, dead, stale, ...)
+
+
+@dataclass(frozen=True)
+class Kill:
+    pid: int
+    consumer: str
+    at: int  # TIME after the killed process was reaped (us)
+
+
+@dataclass
+class EventLogs:
+    """Every delivery the worker processes logged, by (shard, offset) then attempts."""
+
+    leases: dict[tuple[int, int], dict[int, Lease]]
+    torn_lines: int  # partial last lines of killed processes
+    orphan_events: int  # start/end/settle lines whose poll line is missing
+
+    def deliveries(self) -> DeliveryLog:
+        """The same deliveries as a :class:`DeliveryLog`, for :func:`check`."""
+        log = DeliveryLog()
+        for ds in self.leases.values():
+            for lease in ds.values():
+                log.deliveries.append(
+                    Delivery(lease.shard, lease.offset, lease.attempts, lease.after / 1e6, lease.consumer))
+        return log
+
+    def __len__(self) -> int:
+        return sum(len(ds) for ds in self.leases.values())
+
+
+def read_event_logs(paths: Iterable[Any]) -> EventLogs:
+    """Parses the ``worker-*.jsonl`` files written by tests/chaos_jobs.py."""
+    import json
+
+    leases: dict[tuple[int, int], dict[int, Lease]] = {}
+    later: list[dict[str, Any]] = []
+    torn = 0
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    torn += 1
+                    continue
+                if ev["e"] == "poll":
+                    ds = leases.setdefault((ev["s"], ev["o"]), {})
+                    if ev["a"] in ds:
+                        raise AssertionError(f"attempt {ev['a']} of record {ev['s']}:{ev['o']} handed out twice: "
+                                             f"{ds[ev['a']]} and {ev}")
+                    ds[ev["a"]] = Lease(ev["s"], ev["o"], ev["a"], ev["c"], ev["pid"], ev["tb"], ev["ta"])
+                else:
+                    later.append(ev)
+    orphans = 0
+    for ev in later:
+        lease = leases.get((ev["s"], ev["o"]), {}).get(ev["a"])
+        if lease is None or lease.pid != ev["pid"]:
+            orphans += 1
+            continue
+        if ev["e"] == "start":
+            lease.started = ev["t"]
+        elif ev["e"] == "end":
+            lease.ended, lease.ok = ev["t"], ev["ok"]
+        elif ev["e"] == "settle":
+            lease.outcome = ev["outcome"]
+    return EventLogs(leases, torn, orphans)
+
+
+def _expiry_floor_us(lease: Lease, visibility_ms: int) -> int:
+    """A lower bound of the lease's expiry: scripts stamp ``now_ms + vt`` at the poll,
+    which ran after ``before``; heartbeats only push it later."""
+    return (lease.before // 1000 + visibility_ms) * 1000
+
+
+def lease_end_floor(lease: Lease, visibility_ms: int, killed_at: int | None, reclaimed: bool) -> int:
+    """A lower bound of the server time the lease of ``lease`` stopped being valid.
+
+    A lease ends when its holder settles it, when it expires, or (named consumers) when a
+    new process with the same consumer name reclaims it. A settle follows the handler's
+    logged end; the expiry is at least ``before + vt``; a reclaim by the successor comes
+    after the kill. The bound is the earliest of those that apply."""
+    floor = _expiry_floor_us(lease, visibility_ms)
+    if lease.ended is not None:
+        floor = min(floor, lease.ended)
+    if reclaimed and killed_at is not None:
+        floor = min(floor, killed_at)
+    return floor
+
+
+@dataclass
+class LeaseReport:
+    pairs: int  # consecutive deliveries of a record compared
+    min_gap_ms: float  # smallest (next hand-out - lower bound of previous lease end)
+    gaps: int  # attempt numbers missing from the log (a kill between poll and log line)
+
+
+def check_leases(logs: EventLogs, kills: Iterable[Kill], visibility_ms: int) -> LeaseReport:
+    """One holder (CONTRACT 2, server time): for consecutive logged deliveries n < m of a
+    record, the hand-out of m (at most its ``after``) is not earlier than the lower bound
+    of the end of n's lease. Sound: a violation proves two valid leases overlapped."""
+    killed = {k.pid: k.at for k in kills}
+    problems: list[str] = []
+    pairs = gaps = 0
+    min_gap = float("inf")
+    for where, ds in sorted(logs.leases.items()):
+        attempts = sorted(ds)
+        gaps += attempts[-1] - len(attempts)
+        for a, b in itertools.pairwise(attempts):
+            prev, nxt = ds[a], ds[b]
+            reclaimed = nxt.consumer == prev.consumer and prev.pid in killed
+            floor = lease_end_floor(prev, visibility_ms, killed.get(prev.pid), reclaimed)
+            gap = (nxt.after - floor) / 1000
+            pairs += 1
+            min_gap = min(min_gap, gap)
+            if gap < 0:
+                problems.append(f"record {where}: attempt {b} handed out by {nxt.after} while attempt {a} "
+                                f"held a valid lease until at least {floor} ({prev}, {nxt})")
+    assert not problems, "two valid leases overlapped:\n  " + "\n  ".join(problems[:20])
+    return LeaseReport(pairs, min_gap if pairs else 0.0, gaps)
+
+
+@dataclass(frozen=True)
+class PositionSample:
+    before: int  # TIME before group_describe (us)
+    after: int  # TIME after it returned (us)
+    positions: tuple[int, ...]  # per shard
+
+
+def sample_positions(client: felix_redis.Client, raw: Any, where: tuple[str, str, str], group: str) -> PositionSample:
+    """One position sample with the server times around it (``raw``: a redis-py client)."""
+    s, us = raw.time()
+    before = int(s) * 1_000_000 + int(us)
+    info = client.group_describe(*where, group)
+    s, us = raw.time()
+    return PositionSample(before, int(s) * 1_000_000 + int(us), tuple(x.position for x in info.shards))
+
+
+def finish_floor(ds: dict[int, Lease], max_attempts: int, visibility_ms: int) -> int | None:
+    """A lower bound of the server time a record was finished, or None when the log is
+    incomplete for it. It can be finished by an ack or a dead-letter settle (after a
+    handler's logged end) or, on its last allowed delivery, by a lapse or a reclaim (after
+    that lease's expiry; a hand-back at shutdown any time after the poll)."""
+    floor: int | None = None
+    for lease in ds.values():
+        candidates = []
+        if lease.ended is not None:
+            candidates.append(lease.ended)
+        if lease.attempts >= max_attempts:
+            candidates.append(_expiry_floor_us(lease, visibility_ms) if lease.ended is not None else lease.before)
+        for c in candidates:
+            floor = c if floor is None else min(floor, c)
+    return floor
+
+
+@dataclass
+class PositionReport:
+    samples: int
+    checked_records: int  # records whose log was complete enough to bound their finish
+    binding: int  # samples where a certainly-unfinished record bounded the position
+
+
+def check_positions(
+    samples: list[PositionSample],
+    logs: EventLogs,
+    dead: dict[tuple[int, int], Any],
+    max_attempts: int,
+    visibility_ms: int,
+) -> PositionReport:
+    """CONTRACT 6 on samples taken while the chaos ran (no redrive meanwhile): per shard
+    the position never moved back, and never stood above a record that was certainly
+    unfinished during the sample (its earliest possible finish came after the sample).
+
+    A record counts only when its log is complete: every attempt from 1 up to the last
+    logged, and, if it is a dead letter, the dead letter's attempts equal the last logged
+    attempt (a hand-out lost with a killed process could otherwise have finished it)."""
+    problems: list[str] = []
+    ordered = sorted(samples, key=lambda s: s.before)
+    for a, b in itertools.pairwise(ordered):
+        if b.before >= a.after:  # samples that did not overlap in time
+            for shard, (p, q) in enumerate(zip(a.positions, b.positions, strict=True)):
+                if q < p:
+                    problems.append(f"shard {shard}: position moved back from {p} to {q}")
+    floors: dict[int, list[tuple[int, int]]] = {}
+    checked = 0
+    for (shard, offset), ds in logs.leases.items():
+        attempts = sorted(ds)
+        if attempts != list(range(1, attempts[-1] + 1)):
+            continue
+        d = dead.get((shard, offset))
+        if d is not None and d.attempts != attempts[-1]:
+            continue
+        floor = finish_floor(ds, max_attempts, visibility_ms)
+        if floor is None:
+            continue
+        checked += 1
+        floors.setdefault(shard, []).append((offset, floor))
+    binding = 0
+    for shard in floors:
+        floors[shard].sort()
+    for sample in ordered:
+        bound = False
+        for shard, recs in floors.items():
+            for offset, floor in recs:
+                if floor > sample.after:  # unfinished from before the sample to after it
+                    bound = True
+                    if sample.positions[shard] > offset:
+                        problems.append(f"shard {shard}: position {sample.positions[shard]} sampled at "
+                                        f"[{sample.before}, {sample.after}] passed record {offset}, which was "
+                                        f"not finished before {floor}")
+                    break
+        binding += bound
+    assert not problems, "position invariant violated:\n  " + "\n  ".join(problems[:20])
+    return PositionReport(len(samples), checked, binding)
+
+
+@dataclass
+class KillReport:
+    kills: int
+    after_kill: int  # deliveries that repeat one held by a killed process
+    completed_not_acked: int  # ... whose handler had returned ok: the side effect ran twice
+    interrupted: int  # ... whose handler was running when the process died
+    not_started: int  # ... that the killed process had polled but not started
+    other_redeliveries: int  # deliveries beyond the first not caused by a kill or a failure
+
+    def summary(self) -> str:
+        return (f"kills={self.kills} duplicates by kills={self.after_kill} (handler had finished, ack lost: "
+                f"{self.completed_not_acked}; handler interrupted: {self.interrupted}; polled, not started: "
+                f"{self.not_started}) other redeliveries={self.other_redeliveries}")
+
+
+def duplicates_by_kills(logs: EventLogs, kills: Iterable[Kill]) -> KillReport:
+    """Deliveries with attempts > 1 whose previous delivery was held by a killed process
+    and did not fail in its handler (a failure is a planned retry, not a duplicate)."""
+    kill_list = list(kills)
+    killed = {k.pid for k in kill_list}
+    done = interrupted = not_started = other = 0
+    for ds in logs.leases.values():
+        for a in sorted(ds)[:-1]:  # every delivery that has a successor
+            prev = ds[a]
+            if prev.ok is False:
+                continue
+            if prev.pid not in killed:
+                other += 1
+            elif prev.ok:
+                done += 1
+            elif prev.started is not None:
+                interrupted += 1
+            else:
+                not_started += 1
+    return KillReport(len(kill_list), done + interrupted + not_started, done, interrupted, not_started, other)
+
+
+def check_unique_payloads(
+    client: felix_redis.Client, tenant: str, namespace: str, stream: str, tails: list[int],
+    ident: Any = lambda payload: payload,
+) -> int:
+    """The idempotent producer left no duplicate: no two records of the stream carry the
+    same ``ident(payload)``. Returns the number of records read."""
+    seen: dict[Any, tuple[int, int]] = {}
+    dups: list[str] = []
+    for shard, tail in enumerate(tails):
+        for record in _read_all(client, tenant, namespace, stream, shard, tail):
+            key = ident(record.payload)
+            if key in seen:
+                dups.append(f"{key!r} at {seen[key]} and {(shard, record.offset)}")
+            seen[key] = (shard, record.offset)
+    assert not dups, f"{len(dups)} payloads landed twice: {dups[:10]}"
+    return len(seen)
