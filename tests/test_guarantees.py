@@ -724,6 +724,9 @@ def bad_calls(c: Client, r: Record) -> list[tuple[str, Callable[[], Any], type[E
         ("nack tiny negative delay", lambda: c.group_nack(T, N, S, 0, G, r, delay=-0.001), inv),
         ("nack NaN delay", lambda: c.group_nack(T, N, S, 0, G, r, delay=float("nan")), inv),
         ("nack huge delay", lambda: c.group_nack(T, N, S, 0, G, r, delay=1e300), inv),
+        ("nack infinite delay", lambda: c.group_nack(T, N, S, 0, G, r, delay=float("inf")), inv),
+        ("extend infinite", lambda: c.group_extend(T, N, S, 0, G, r, by=float("inf")), inv),
+        ("poll infinite wait", lambda: c.group_poll(T, N, S, 0, G, wait=float("inf")), inv),
         ("nack str delay", lambda: c.group_nack(T, N, S, 0, G, r, delay="1"), inv),  # type: ignore[arg-type]
         ("extend negative", lambda: c.group_extend(T, N, S, 0, G, r, by=-1), inv),
         ("extend zero", lambda: c.group_extend(T, N, S, 0, G, r, by=0), inv),

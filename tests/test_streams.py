@@ -291,3 +291,11 @@ def test_read_from_offset(client: Client) -> None:
     records = client.read(T, N, S, 0, 4, 3)
     assert [(r.offset, r.payload, r.attempts) for r in records] == [(4, b"4", 0), (5, b"5", 0), (6, b"6", 0)]
     assert client.read(T, N, S, 0, 10) == []
+
+
+def test_oversize_first_publish_writes_nothing(client: Client, unchanged: Any) -> None:
+    client.stream_create(T, N, S, max_payload=10)
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        client.publish(T, N, S, b"x" * 11)  # not even a producer id is taken
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        client.publish_batch(T, N, S, [b"ok", b"x" * 11])
