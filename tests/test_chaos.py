@@ -361,3 +361,51 @@ def test_chaos_long(tmp_path: Path, record_property: Any) -> None:
         publish_pause_s=0.002, poison_per_publisher=20, kills=60, phase_timeout_s=600, drain_timeout_s=120,
     )
     run_chaos(cfg, tmp_path, record_property)
+
+
+def _logs(*leases: Any) -> Any:
+    from invariants import EventLogs
+
+    out: dict[tuple[int, int], dict[int, Any]] = {}
+    for lease in leases:
+        out.setdefault((lease.shard, lease.offset), {})[lease.attempts] = lease
+    return EventLogs(out, 0, 0)
+
+
+def test_checker_catches_overlapping_leases_and_passed_positions() -> None:
+    """The checker is not vacuous: hand-made logs that break one holder, or a position
+    sampled past a record that was still running, fail it; the legal versions pass."""
+    from invariants import Lease
+
+    vt = 1000  # ms; times in us
+    first = Lease(0, 0, 1, "w0", 100, before=1_000_000, after=1_000_500, started=1_001_000, ended=1_200_000, ok=True)
+    # Handed out again before the first holder's handler even ended: overlap.
+    early = Lease(0, 0, 2, "w1", 101, before=1_100_000, after=1_150_000)
+    with pytest.raises(AssertionError, match="overlapped"):
+        check_leases(_logs(first, early), [], vt)
+    # After the handler ended (an ack would come later still): fine.
+    late = Lease(0, 0, 2, "w1", 101, before=1_200_000, after=1_250_000)
+    assert check_leases(_logs(first, late), [], vt).pairs == 1
+    # A holder killed mid-handler: the next hand-out must wait for the expiry ...
+    running = Lease(0, 1, 1, "w0", 100, before=1_000_000, after=1_000_500, started=1_001_000)
+    kill = Kill(100, "w0", at=1_300_000)
+    too_soon = Lease(0, 1, 2, "w1", 101, before=1_400_000, after=1_500_000)
+    with pytest.raises(AssertionError, match="overlapped"):
+        check_leases(_logs(running, too_soon), [kill], vt)
+    # ... unless the successor under the same consumer name reclaimed it after the kill.
+    reclaim = Lease(0, 1, 2, "w0", 102, before=1_400_000, after=1_500_000)
+    assert check_leases(_logs(running, reclaim), [kill], vt).pairs == 1
+    lapsed = Lease(0, 1, 2, "w1", 101, before=2_000_000, after=2_000_100)
+    assert check_leases(_logs(running, lapsed), [kill], vt).pairs == 1
+
+    # Positions: record 1 is running from before 1.0 s until its end at 1.5 s.
+    done = Lease(0, 0, 1, "w0", 100, before=900_000, after=900_100, started=900_200, ended=950_000, ok=True)
+    busy = Lease(0, 1, 1, "w0", 100, before=1_000_000, after=1_000_100, started=1_000_200, ended=1_500_000, ok=True)
+    logs = _logs(done, busy)
+    fine = [PositionSample(1_100_000, 1_101_000, (1,)), PositionSample(1_600_000, 1_601_000, (2,))]
+    assert check_positions(fine, logs, {}, 5, vt).binding == 1
+    with pytest.raises(AssertionError, match="passed record 1"):
+        check_positions([PositionSample(1_100_000, 1_101_000, (2,))], logs, {}, 5, vt)
+    with pytest.raises(AssertionError, match="moved back"):
+        check_positions([PositionSample(1_600_000, 1_601_000, (2,)), PositionSample(1_700_000, 1_701_000, (1,))],
+                        logs, {}, 5, vt)
