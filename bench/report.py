@@ -67,7 +67,7 @@ def _row(o: Outcome) -> Row:
 
 def _cells(r: Row) -> tuple[str, str, str]:
     """Value, ratio and note of one row, as printed."""
-    ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3g}x"
+    ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3f}x"
     if r["status"] != "ok":
         return "-", ratio, f"{r['status']}: {r['reason']}"
     if r["kind"] == "latency":
@@ -114,7 +114,7 @@ PANELS = (
     ("enqueue", "enqueue (jobs/s)"),
     ("drain-1p", "drain, 1 worker process (jobs/s)"),
     ("drain-2p", "drain, 2 worker processes (jobs/s)"),
-    ("latency", "publish-to-handler latency p50 / p99 (ms)"),
+    ("latency", "publish-to-handler latency, p50 (labelled) and p99 (light grey), ms"),
 )
 
 
@@ -155,10 +155,9 @@ def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
         if group == "latency":
             p50 = [r["p50_ms"] for r in items]
             p99 = [r["p99_ms"] for r in items]
-            ax.barh([y - 0.2 for y in ys], p50, 0.4, label="p50", color=[_color(r) for r in items])
-            ax.barh([y + 0.2 for y in ys], p99, 0.4, label="p99", color="#cccccc")
+            ax.barh([y - 0.2 for y in ys], p50, 0.4, color=[_color(r) for r in items])
+            ax.barh([y + 0.2 for y in ys], p99, 0.4, color="#cccccc")
             values, fmt = p50, "{:.2f} ms"
-            ax.legend(loc="lower right", fontsize=7)
         else:
             values, fmt = [r["rate"] for r in items], "{:,.0f}/s"
             ax.barh(ys, values, color=[_color(r) for r in items])
@@ -186,13 +185,17 @@ def chart(path: Path, meta: dict[str, Any], rows: list[Row]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the Markdown table of a saved results file."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m bench.report RESULTS.json", file=sys.stderr)
-        return 2
-    data = json.loads(Path(args[0]).read_text())
+    """Print a saved results file as Markdown; ``--chart PNG`` redraws its chart."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    p.add_argument("results", help="a JSON file written by python -m bench")
+    p.add_argument("--chart", help="also draw the chart to this PNG")
+    args = p.parse_args(argv)
+    data = json.loads(Path(args.results).read_text())
     print(markdown(data["results"]))
+    if args.chart:
+        chart(Path(args.chart), data["meta"], data["results"])
     return 0
 
 

@@ -115,7 +115,8 @@ def progress(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parse_args(given)
     names = select(args.systems)
     from felix_redis.testing.server import RedisServer
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = report.summarize(outcomes)
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python -m bench", shlex.join(given)]).strip(),
         "machine": machine(redis_version),
         "jobs": args.jobs,
         "repeat": args.repeat,

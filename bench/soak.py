@@ -41,8 +41,17 @@ T, N, S, G = "soak", "bench", "jobs", "workers"
 PAYLOAD_PAD = b"x" * 48
 
 
-def _producer(url: str, jobs: int, batch: int, shards: int, every: int, index: int, idle_ms: int,
-              fail_rate: float, poison_rate: float) -> None:
+def _producer(
+    url: str,
+    jobs: int,
+    batch: int,
+    shards: int,
+    every: int,
+    index: int,
+    idle_ms: int,
+    fail_rate: float,
+    poison_rate: float,
+) -> None:
     os.environ["FELIX_PRODUCER_IDLE_MS"] = str(idle_ms)
     import felix_redis
 
@@ -55,8 +64,13 @@ def _producer(url: str, jobs: int, batch: int, shards: int, every: int, index: i
         n = min(batch, jobs - sent)
         payloads = []
         for i in range(sent, sent + n):
-            kind = b"P" if poison_every and i % poison_every == poison_every - 1 else \
-                b"F" if fail_every and i % fail_every == fail_every - 1 else b"O"
+            kind = (
+                b"P"
+                if poison_every and i % poison_every == poison_every - 1
+                else b"F"
+                if fail_every and i % fail_every == fail_every - 1
+                else b"O"
+            )
             payloads.append(b"%s %d %d %s" % (kind, index, i, PAYLOAD_PAD))
         producer.publish_batch(T, N, S, payloads, shard=(index + batches) % shards)
         sent += n
@@ -98,8 +112,14 @@ def _worker(url: str, batch: int, stop: Any, counts: Any) -> None:
 
 def memory(raw: redis.Redis) -> dict[str, int]:
     info = raw.info("memory")
-    keys = ("used_memory", "used_memory_dataset", "used_memory_overhead", "used_memory_scripts",
-            "used_memory_scripts_eval", "mem_clients_normal")
+    keys = (
+        "used_memory",
+        "used_memory_dataset",
+        "used_memory_overhead",
+        "used_memory_scripts",
+        "used_memory_scripts_eval",
+        "mem_clients_normal",
+    )
     return {k: int(info[k]) for k in keys if k in info}
 
 
@@ -119,10 +139,12 @@ def key_usage(raw: redis.Redis, prefix: str = "felix") -> dict[str, Any]:
         by_role[role] += usage
         count[role] += 1
     group_bytes = sum(v for k, v in by_role.items() if k == "group" or k.startswith("group:"))
-    return {"bytes_by_role": dict(sorted(by_role.items())), "keys_by_role": dict(sorted(count.items())),
-            "group_state_bytes": group_bytes,
-            "group_per_record_keys": sum(v for k, v in count.items()
-                                         if k.startswith("group:") and k != "group:wake")}
+    return {
+        "bytes_by_role": dict(sorted(by_role.items())),
+        "keys_by_role": dict(sorted(count.items())),
+        "group_state_bytes": group_bytes,
+        "group_per_record_keys": sum(v for k, v in count.items() if k.startswith("group:") and k != "group:wake"),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -156,13 +178,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ctx = mp.get_context("spawn")
         stop = ctx.Event()
         counts = ctx.Array("q", 3)
-        per = [args.jobs // args.producers + (1 if i < args.jobs % args.producers else 0)
-               for i in range(args.producers)]
+        per = [
+            args.jobs // args.producers + (1 if i < args.jobs % args.producers else 0) for i in range(args.producers)
+        ]
         began = time.monotonic()
         workers = [ctx.Process(target=_worker, args=(url, args.poll, stop, counts)) for _ in range(args.workers)]
-        producers = [ctx.Process(target=_producer, args=(url, per[i], args.batch, args.shards, args.producer_every,
-                                                         i, args.producer_idle_ms, args.fail_rate, args.poison_rate))
-                     for i in range(args.producers)]
+        producers = [
+            ctx.Process(
+                target=_producer,
+                args=(
+                    url,
+                    per[i],
+                    args.batch,
+                    args.shards,
+                    args.producer_every,
+                    i,
+                    args.producer_idle_ms,
+                    args.fail_rate,
+                    args.poison_rate,
+                ),
+            )
+            for i in range(args.producers)
+        ]
         procs = [*workers, *producers]
         for p in procs:
             p.start()
@@ -175,15 +212,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             peak = {k: max(v, mem.get(k, 0)) for k, v in peak.items()}
             samples += 1
             published = sum(s.tail for s in info.shards)
-            if all(not p.is_alive() for p in producers) and published >= args.jobs + 1 and \
-                    all(s.lag == 0 for s in info.shards):
+            if (
+                all(not p.is_alive() for p in producers)
+                and published >= args.jobs + 1
+                and all(s.lag == 0 for s in info.shards)
+            ):
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"soak did not finish within {args.timeout}s: {info}")
             if args.progress:
-                print(f"\r{time.monotonic() - began:6.1f}s published={published} "
-                      f"finished={sum(s.position for s in info.shards)} used_memory={mem['used_memory']}",
-                      end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r{time.monotonic() - began:6.1f}s published={published} "
+                    f"finished={sum(s.position for s in info.shards)} used_memory={mem['used_memory']}",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(0.5)
         elapsed = time.monotonic() - began
         if args.progress:
@@ -220,21 +264,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             manual = {"memory": memory(raw), "keys": key_usage(raw)}
             manual["used_memory_delta"] = manual["memory"]["used_memory"] - start_mem["used_memory"]
         summary = {
-            "jobs": args.jobs, "records": sum(s.tail for s in final.shards), "shards": args.shards,
-            "workers": args.workers, "producers": args.producers, "batch": args.batch, "poll": args.poll,
-            "retention_max_len": args.retention, "seconds": round(elapsed, 1),
+            "jobs": args.jobs,
+            "records": sum(s.tail for s in final.shards),
+            "shards": args.shards,
+            "workers": args.workers,
+            "producers": args.producers,
+            "batch": args.batch,
+            "poll": args.poll,
+            "retention_max_len": args.retention,
+            "seconds": round(elapsed, 1),
             "jobs_per_second": round(args.jobs / elapsed),
-            "acked": counts[0], "nacked": counts[1], "dead_lettered": counts[2],
-            "dead_letters_discarded": dead_before_discard, "position_samples": samples,
-            "log_lengths": lengths, "retention_trimmed": trimmed,
+            "acked": counts[0],
+            "nacked": counts[1],
+            "dead_lettered": counts[2],
+            "dead_letters_discarded": dead_before_discard,
+            "position_samples": samples,
+            "log_lengths": lengths,
+            "retention_trimmed": trimmed,
             "producer_keys_left": producer_keys,
-            "memory_empty": empty, "memory_start": start_mem, "memory_peak": peak, "memory_end": end_mem,
+            "memory_empty": empty,
+            "memory_start": start_mem,
+            "memory_peak": peak,
+            "memory_end": end_mem,
             "used_memory_delta": end_mem["used_memory"] - start_mem["used_memory"],
             "dataset_delta": end_mem["used_memory_dataset"] - start_mem["used_memory_dataset"],
             "group_state_bytes_start": start_keys["group_state_bytes"],
             "group_state_bytes_end": end_keys["group_state_bytes"],
             "group_per_record_keys_end": end_keys["group_per_record_keys"],
-            "keys_start": start_keys, "keys_end": end_keys,
+            "keys_start": start_keys,
+            "keys_end": end_keys,
             "after_manual_xtrim": manual,
             "redis": raw.info("server")["redis_version"],
         }
@@ -265,19 +323,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poison-rate", type=float, default=0.0001, help="share of jobs dead-lettered")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--redis-url", default=None, help="use this Redis (FLUSHED) instead of a private one")
-    ap.add_argument("--bound", type=int, default=64 * 1024,
-                    help="fail (exit 1) if the group state grew by more than this many bytes")
-    ap.add_argument("--xtrim-after", action="store_true",
-                    help="if retention did not trim, XTRIM the finished logs to --retention at the end and "
-                         "measure again (simulates a trimming retention)")
+    ap.add_argument(
+        "--bound",
+        type=int,
+        default=64 * 1024,
+        help="fail (exit 1) if the group state grew by more than this many bytes",
+    )
+    ap.add_argument(
+        "--xtrim-after",
+        action="store_true",
+        help="if retention did not trim, XTRIM the finished logs to --retention at the end and "
+        "measure again (simulates a trimming retention)",
+    )
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
     summary = run(args)
     print(json.dumps(summary, indent=2))
     grew = summary["group_state_bytes_end"] - summary["group_state_bytes_start"]
     if grew > args.bound or summary["group_per_record_keys_end"]:
-        print(f"soak: group state grew by {grew} bytes ({summary['group_per_record_keys_end']} "
-              f"per-record keys left)", file=sys.stderr)
+        print(
+            f"soak: group state grew by {grew} bytes ({summary['group_per_record_keys_end']} per-record keys left)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
