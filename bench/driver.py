@@ -85,6 +85,8 @@ def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], No
     proc = CTX.Process(target=_drive, args=(name, cfg, repeat, send), name=f"bench-{name}")
     proc.start()
     send.close()
+    pid = proc.pid
+    assert pid is not None
     outcomes: dict[str, Outcome] = {}
     current = ""
     started = time.monotonic()
@@ -121,7 +123,7 @@ def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], No
                 outcome.status, outcome.reason = status, event[2]
                 progress(f"{name} {event[1]}: {status}: {event[2]}")
     except BenchFailure as exc:
-        kill_group(proc.pid)
+        kill_group(pid)
         progress(f"{name}: {exc}")
         for outcome in outcomes.values():
             if outcome.scenario == current or not outcome.samples:
@@ -131,7 +133,7 @@ def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], No
     finally:
         proc.join(10)
         if proc.is_alive():
-            kill_group(proc.pid)
+            kill_group(pid)
             proc.join(5)
         recv.close()
     for outcome in outcomes.values():

@@ -19,11 +19,7 @@ def _app(url: str) -> tuple[Any, Any]:
         broker_connection_retry_on_startup=True,
     )
 
-    @app.task(name="noop")
-    def noop(sent: float) -> None:
-        job(sent)
-
-    return app, noop
+    return app, app.task(name="noop")(job)
 
 
 class Celery(RedisSystem):

@@ -18,11 +18,7 @@ def _actor(url: str) -> Any:
     broker = RedisBroker(url=url)
     dramatiq.set_broker(broker)
 
-    @dramatiq.actor(actor_name="noop", queue_name=QUEUE, max_retries=0)
-    def noop(sent: float) -> None:
-        job(sent)
-
-    return noop
+    return dramatiq.actor(actor_name="noop", queue_name=QUEUE, max_retries=0)(job)
 
 
 class Dramatiq(RedisSystem):

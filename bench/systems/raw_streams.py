@@ -8,6 +8,7 @@ system's ratio is taken against these numbers from the same run.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from bench.core import Budget, RedisSystem, Scenario, WorkerContext
 
@@ -58,7 +59,7 @@ class RawStreams(RedisSystem):
         count = self.cfg.concurrency
         ctx.wait_go()
         while not ctx.stopping:
-            reply = r.xreadgroup(GROUP, consumer, {KEY: ">"}, count=count, block=100)
+            reply: Any = r.xreadgroup(GROUP, consumer, {KEY: ">"}, count=count, block=100)
             for _stream, entries in reply:
                 for _id, fields in entries:
                     ctx.job(float(fields[b"ts"]))

@@ -17,11 +17,11 @@ def _worker(url: str, concurrency: int) -> tuple[Any, Any]:
 
     worker = streaq.Worker(redis_url=url, queue_name=QUEUE, concurrency=concurrency, handle_signals=False)
 
-    @worker.task(name="noop", max_tries=1)
-    async def noop(sent: float) -> None:
-        job(sent)
+    return worker, worker.task(name="noop", max_tries=1)(_noop)
 
-    return worker, noop
+
+async def _noop(sent: float) -> None:
+    job(sent)
 
 
 class Streaq(AsyncDriver, RedisSystem):

@@ -19,11 +19,11 @@ def _broker(url: str) -> tuple[Any, Any]:
 
     broker = RedisStreamBroker(url, queue_name=QUEUE, consumer_id="0")
 
-    @broker.task(task_name="noop")
-    async def noop(sent: float) -> None:
-        job(sent)
+    return broker, broker.task(task_name="noop")(_noop)
 
-    return broker, noop
+
+async def _noop(sent: float) -> None:
+    job(sent)
 
 
 class Taskiq(AsyncDriver, RedisSystem):
