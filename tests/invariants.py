@@ -402,6 +402,7 @@ class Kill:
     pid: int
     consumer: str
     at: int  # TIME after the killed process was reaped (us)
+    reused: bool = False  # the replacement took the same consumer name (it reclaims)
 
 
 @dataclass
@@ -469,18 +470,19 @@ def _expiry_floor_us(lease: Lease, visibility_ms: int) -> int:
     return (lease.before // 1000 + visibility_ms) * 1000
 
 
-def lease_end_floor(lease: Lease, visibility_ms: int, killed_at: int | None, reclaimed: bool) -> int:
+def lease_end_floor(lease: Lease, visibility_ms: int, kill: Kill | None) -> int:
     """A lower bound of the server time the lease of ``lease`` stopped being valid.
 
     A lease ends when its holder settles it, when it expires, or (named consumers) when a
     new process with the same consumer name reclaims it. A settle follows the handler's
     logged end; the expiry is at least ``before + vt``; a reclaim by the successor comes
-    after the kill. The bound is the earliest of those that apply."""
+    after the kill. The bound is the earliest of those that apply. (The reclaimed record
+    is owed at once: the successor, or any other consumer, may get it next.)"""
     floor = _expiry_floor_us(lease, visibility_ms)
     if lease.ended is not None:
         floor = min(floor, lease.ended)
-    if reclaimed and killed_at is not None:
-        floor = min(floor, killed_at)
+    if kill is not None and kill.reused:
+        floor = min(floor, kill.at)
     return floor
 
 
@@ -495,7 +497,7 @@ def check_leases(logs: EventLogs, kills: Iterable[Kill], visibility_ms: int) -> 
     """One holder (CONTRACT 2, server time): for consecutive logged deliveries n < m of a
     record, the hand-out of m (at most its ``after``) is not earlier than the lower bound
     of the end of n's lease. Sound: a violation proves two valid leases overlapped."""
-    killed = {k.pid: k.at for k in kills}
+    killed = {k.pid: k for k in kills}
     problems: list[str] = []
     pairs = gaps = 0
     min_gap = float("inf")
@@ -504,8 +506,7 @@ def check_leases(logs: EventLogs, kills: Iterable[Kill], visibility_ms: int) -> 
         gaps += attempts[-1] - len(attempts)
         for a, b in itertools.pairwise(attempts):
             prev, nxt = ds[a], ds[b]
-            reclaimed = nxt.consumer == prev.consumer and prev.pid in killed
-            floor = lease_end_floor(prev, visibility_ms, killed.get(prev.pid), reclaimed)
+            floor = lease_end_floor(prev, visibility_ms, killed.get(prev.pid))
             gap = (nxt.after - floor) / 1000
             pairs += 1
             min_gap = min(min_gap, gap)

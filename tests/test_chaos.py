@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,9 @@ class Chaos:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         # After the reap: the dead process did nothing after this server time.
-        self.kills.append(Kill(proc.pid, victim, _server_us(self.raw)))
-        self.spawn(victim if self.rng.random() < self.cfg.same_name_rate else self.new_name())
+        reuse = self.rng.random() < self.cfg.same_name_rate
+        self.kills.append(Kill(proc.pid, victim, _server_us(self.raw), reused=reuse))
+        self.spawn(victim if reuse else self.new_name())
 
     def _killer(self) -> None:
         try:
@@ -304,11 +306,13 @@ def run_chaos(cfg: ChaosConfig, tmp_path: Path, record_property: Any) -> None:
         assert leftover == {}, f"per-record group state left behind: {leftover}"
 
         kills = duplicates_by_kills(logs, chaos.kills)
+        outcomes = Counter(lease.outcome for ds in logs.leases.values() for lease in ds.values())
         line = (f"[chaos seed={cfg.seed}] {report.summary()} | {kills.summary()} | lease pairs={leases.pairs} "
                 f"min gap={leases.min_gap_ms:.0f}ms log gaps={leases.gaps} | position samples={positions.samples} "
                 f"(binding {positions.binding}, records checked {positions.checked_records}) | "
                 f"lost publish replies={chaos.lost_replies} poison={len(chaos.poison_ids)} "
                 f"other dead letters={len(collateral)} torn lines={logs.torn_lines} "
+                f"settles={dict(sorted((str(k), v) for k, v in outcomes.items()))} "
                 f"phase={phase_s:.1f}s")
         print("\n" + line)
         record_property("duplicates_by_kills", kills.after_kill)
@@ -392,9 +396,13 @@ def test_checker_catches_overlapping_leases_and_passed_positions() -> None:
     too_soon = Lease(0, 1, 2, "w1", 101, before=1_400_000, after=1_500_000)
     with pytest.raises(AssertionError, match="overlapped"):
         check_leases(_logs(running, too_soon), [kill], vt)
-    # ... unless the successor under the same consumer name reclaimed it after the kill.
-    reclaim = Lease(0, 1, 2, "w0", 102, before=1_400_000, after=1_500_000)
-    assert check_leases(_logs(running, reclaim), [kill], vt).pairs == 1
+    # ... unless a successor under the same consumer name reclaimed it after the kill
+    # (then it is owed at once, to the successor or to anyone else) ...
+    reused = Kill(100, "w0", at=1_300_000, reused=True)
+    assert check_leases(_logs(running, too_soon), [reused], vt).pairs == 1
+    # ... but not before the kill.
+    with pytest.raises(AssertionError, match="overlapped"):
+        check_leases(_logs(running, Lease(0, 1, 2, "w1", 101, before=1_200_000, after=1_250_000)), [reused], vt)
     lapsed = Lease(0, 1, 2, "w1", 101, before=2_000_000, after=2_000_100)
     assert check_leases(_logs(running, lapsed), [kill], vt).pairs == 1
 
