@@ -6,7 +6,8 @@ Four registered systems share this module:
   publish, and a drain of ``group_poll(max_records=concurrency)`` + ``group_ack_many``.
 - ``felix-async``: the same through ``felix_redis.asyncio``.
 - ``felix-sharded``: a stream of ``SHARDS`` shards drained through ``group_sharded``.
-- ``felix-worker``: the ``felix_redis.Worker`` runtime.
+- ``felix-worker``: the ``felix_redis.Worker`` runtime (handler threads).
+- ``felix-async-worker``: ``felix_redis.aioworker.AsyncWorker`` (async handlers).
 
 Anything the client does not have yet is reported as unavailable, never as a crash.
 """
@@ -28,6 +29,7 @@ from bench.core import (
     WorkerContext,
     job,
     require,
+    serve,
 )
 
 TENANT, NAMESPACE, STREAM, GROUP = "bench", "bench", "jobs", "workers"
@@ -46,6 +48,14 @@ def _connect(url: str) -> Any:
         return felix_redis.connect(url)
     except AttributeError as exc:
         raise Unavailable(f"felix_redis has no connect(): {exc}") from None
+
+
+async def _aconnect(url: str) -> Any:
+    require("felix_redis.asyncio")
+    import felix_redis.asyncio as fa
+
+    client = fa.connect(url)
+    return await client if inspect.isawaitable(client) else client
 
 
 def _need(obj: Any, *names: str) -> None:
@@ -147,14 +157,8 @@ class FelixAsync(AsyncDriver, Felix):
     def setup(self) -> None:
         super().setup()
         require("felix_redis.asyncio")
-        self.client = self.arun(self._aconnect())
+        self.client = self.arun(_aconnect(self.cfg.redis_url))
         _need(self.client, "publish", "group_poll", "group_ack_many")
-
-    async def _aconnect(self) -> Any:
-        import felix_redis.asyncio as fa
-
-        client = fa.connect(self.cfg.redis_url)
-        return await client if inspect.isawaitable(client) else client
 
     async def apublish(self, sent: float) -> None:
         await self.client.publish(*NAME, PACK.pack(sent))
@@ -173,7 +177,7 @@ class FelixAsync(AsyncDriver, Felix):
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         async def main() -> None:
-            client = await self._aconnect()
+            client = await _aconnect(self.cfg.redis_url)
             batch = self.cfg.concurrency
             ctx.wait_go()
             while not ctx.stopping:
@@ -253,3 +257,38 @@ class FelixWorker(Felix):
         ctx.wait_go()
         ctx.on_stop(runtime.stop)
         runtime.run()
+
+
+class FelixAsyncWorker(FelixWorker):
+    """``felix_redis.aioworker.AsyncWorker``: ``concurrency`` handler coroutines per process."""
+
+    name = "felix-async-worker"
+
+    def setup(self) -> None:
+        Felix.setup(self)
+        require("felix_redis.aioworker")
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        from felix_redis.aioworker import AsyncWorker
+
+        async def handler(record: Any) -> None:
+            job(_sent(record))
+
+        async def main() -> None:
+            runtime = AsyncWorker(
+                await _aconnect(self.cfg.redis_url),
+                *NAME,
+                GROUP,
+                handler,
+                concurrency=self.cfg.concurrency,
+                poll_wait_s=WAIT_S,
+                handle_signals=False,
+            )
+
+            async def stop() -> None:
+                runtime.stop()
+
+            ctx.wait_go()
+            await serve(ctx, runtime.run(), stop)
+
+        asyncio.run(main())
