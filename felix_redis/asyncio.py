@@ -138,7 +138,7 @@ class AsyncClient:
                     return await self._eval_and_wait(script, op)
                 return await script(keys=op.keys, args=op.args)
             if type(op) is Cmd:
-                if op.key is not None and self._cluster and op.args[0] == "INFO":
+                if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     node = self.redis.get_node_from_key(op.key)
                     return await self.redis.execute_command(*op.args, target_nodes=node)
                 return await self.redis.execute_command(*op.args)

@@ -197,7 +197,7 @@ class Client:
                     return self._eval_and_wait(script, op)
                 return script(keys=op.keys, args=op.args)
             if type(op) is Cmd:
-                if op.key is not None and self._cluster and op.args[0] == "INFO":
+                if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     return self.redis.get_node_from_key(op.key).redis_connection.execute_command(*op.args)
                 return self.redis.execute_command(*op.args)
             if type(op) is BlockAny:

@@ -125,7 +125,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
     "group_poll", "group_ack", "group_configure", "group_discard",
 })
 RETRY_SAFE_COMMANDS = frozenset({
-    "INFO", "EXISTS", "TYPE", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
+    "INFO", "EXISTS", "TYPE", "SCAN", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -424,16 +424,16 @@ class Core:
                     f"holds {copies} (the primary and {copies - 1} connected replica(s))"
                 )
         yield from self.check_registry()
-        created = 0
-        # Shard 0 last: while it is missing the stream does not exist for anyone.
-        for shard in reversed(range(shards)):
-            created += yield Eval(
-                "stream_create",
-                name.shard_keys(shard),
-                [kind, shards, shard, replication, consistency, max_len, max_age, payload_limit,
-                 name.path],
-                f"stream {name.path} shard {shard}",
-            )
+        args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1]
+        # Every shard validates first (check=1 writes nothing), so a refusal on any shard
+        # leaves no shard behind; then shard 0 last: while it is missing the stream does
+        # not exist for anyone.
+        for check in (1, 0):
+            created = 0
+            for shard in reversed(range(shards)):
+                args[2], args[9] = shard, check
+                created += yield Eval(
+                    "stream_create", name.shard_keys(shard), list(args), f"stream {name.path} shard {shard}")
         yield Cmd("ZADD", registry_key(self.prefix), 0, name.path, key=registry_key(self.prefix))
         self.forget(name)
         return created > 0
@@ -519,6 +519,7 @@ class Core:
                 keys = [*name.shard_keys(shard), name.groups_key(shard)]
                 for group in groups:
                     keys += name.group_keys(shard, group)
+                keys += (yield from self.producer_keys(name, shard))
                 try:
                     existed = yield Eval(
                         "stream_delete", keys, [len(groups), *groups],
@@ -532,6 +533,19 @@ class Core:
         self.forget(name)
         if not existed:
             raise NotFound(f"stream {name.path} does not exist")
+
+    def producer_keys(self, name: StreamName, shard: int) -> Plan[list[str]]:
+        """The shard's idempotent-producer keys (SCAN on the shard's node)."""
+        pattern = name.producer_key(shard, 0)[:-1] + "*"
+        found: list[str] = []
+        cursor: Any = 0
+        for _ in range(100_000):
+            cursor, keys = yield Cmd("SCAN", cursor, "MATCH", pattern, "COUNT", 1000,
+                                     key=name.shard_keys(shard)[0])
+            found += [_text(k) for k in keys]
+            if int(cursor) == 0:
+                break
+        return sorted(set(found))
 
     # -- publishing
 
@@ -682,14 +696,16 @@ class Core:
             raise WrongKeyType(
                 f"{context}: key {group_key} holds a {kind} where felix-redis keeps a hash; "
                 "another application wrote it")
-        # Shard 0 last and strict: it decides whether the group exists.
-        for shard in reversed(range(settings.shards)):
-            yield Eval(
-                "group_create",
-                [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
-                [group, start_arg, vt, attempts, 1 if shard == 0 else 0],
-                f"{context} shard {shard}", settings.replicas,
-            )
+        # Every shard validates first (check=1 writes nothing); then shard 0 last and
+        # strict: it decides whether the group exists.
+        for check in (1, 0):
+            for shard in reversed(range(settings.shards)):
+                yield Eval(
+                    "group_create",
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
+                    [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check],
+                    f"{context} shard {shard}", 0 if check else settings.replicas,
+                )
 
     def group_configure(
         self,
@@ -707,12 +723,13 @@ class Core:
         attempts = "" if max_attempts is None else check_int(
             max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
-        for shard in range(settings.shards):
-            yield Eval(
-                "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
-                [vt, attempts], f"group {group} on stream {name.path} shard {shard}",
-                settings.replicas,
-            )
+        for check in (1, 0):
+            for shard in range(settings.shards):
+                yield Eval(
+                    "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
+                    [vt, attempts, check], f"group {group} on stream {name.path} shard {shard}",
+                    0 if check else settings.replicas,
+                )
 
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None
@@ -735,15 +752,17 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
-        existed = 0
-        for shard in range(settings.shards):
-            existed += yield Eval(
-                "group_delete",
-                [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
-                [group], f"group {group} on stream {name.path} shard {shard}", settings.replicas,
-            )
-        if not existed:
-            raise NotFound(f"group {group} on stream {name.path} does not exist")
+        for check in (1, 0):
+            existed = 0
+            for shard in range(settings.shards):
+                existed += yield Eval(
+                    "group_delete",
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
+                    [group, check], f"group {group} on stream {name.path} shard {shard}",
+                    0 if check else settings.replicas,
+                )
+            if not existed:
+                raise NotFound(f"group {group} on stream {name.path} does not exist")
 
     def _group_op(
         self, tenant: str, namespace: str, stream: str, shard: object, group: str

@@ -15,6 +15,7 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- ARGV[1] vt_ms         integer 1..604800000, or '' to keep
 -- ARGV[2] max_attempts  integer 1..1000000, or '' to keep
+-- ARGV[3] check         '1': validate only and write nothing; '0': configure
 --
 -- Returns: {vt_ms, max_attempts} as now stored.
 -- Errors: FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
@@ -24,6 +25,7 @@ local vt, max
 if ARGV[1] ~= '' then vt = int_arg(ARGV[1], 'visibility_timeout_ms', 1, 604800000) end
 if ARGV[2] ~= '' then max = int_arg(ARGV[2], 'max_attempts', 1, 1000000) end
 local S = load_group(K)
+if ARGV[3] == '1' then return {S.vt, S.max} end
 if vt then S.vt = vt; redis.call('HSET', K.group, 'vt', fmt(vt)) end
 if max then S.max = max; redis.call('HSET', K.group, 'max', fmt(max)) end
 return {S.vt, S.max}

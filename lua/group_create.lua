@@ -20,8 +20,9 @@
 -- ARGV[3] vt_ms       integer 1..604800000, visibility timeout (lease length) in ms
 -- ARGV[4] max_attempts integer 1..1000000, deliveries before a record is dead-lettered
 -- ARGV[5] strict      '1': fail if the group exists; '0': return 0
+-- ARGV[6] check       '1': validate only and write nothing; '0': create
 --
--- Returns: 1 when created, 0 when it existed (strict=0).
+-- Returns: 1 when created, 0 when it existed (strict=0) or check=1.
 -- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
 -- FELIX_INVALID (bad start, timeout or attempts), FELIX_WRONGTYPE.
 --- @include "group"
@@ -50,6 +51,7 @@ if redis.call('EXISTS', K.group) == 1 then
   if ARGV[5] == '1' then fail('GROUP_EXISTS', 'group exists already') end
   return 0
 end
+if ARGV[6] == '1' then return 0 end
 redis.call('HSET', K.group, 'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
   'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now_ms()))
 redis.call('SADD', KEYS[13], name)

@@ -15,14 +15,16 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- KEYS[13] groups    set: names of the groups on this shard
 -- ARGV[1] name       the group name
+-- ARGV[2] check      '1': validate only and write nothing; '0': delete
 --
--- Returns: 1 when deleted, 0 when the group did not exist.
+-- Returns: 1 when deleted (or, with check=1, when it exists), 0 when it does not.
 -- Errors: FELIX_WRONGTYPE.
 --- @include "group"
 local K = group_keys()
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
 expect_type(KEYS[13], 'set')
 local existed = redis.call('EXISTS', K.group)
+if ARGV[2] == '1' then return existed end
 for i = 3, 12 do redis.call('DEL', KEYS[i]) end
 redis.call('SREM', KEYS[13], ARGV[1])
 return existed

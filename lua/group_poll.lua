@@ -32,6 +32,7 @@ local S = load_group(K)
 local now = now_ms()
 
 -- 1. Reclaim: this consumer's in-flight records become owed, due before everything else.
+local reclaimed = false
 if reclaim and consumer ~= '' and S.cons then
   local mine = redis.call('ZRANGEBYLEX', K.byowner, '[' .. consumer .. '|', '(' .. consumer .. '}')
   for _, member in ipairs(mine) do
@@ -44,9 +45,12 @@ if reclaim and consumer ~= '' and S.cons then
         dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
       else
         redis.call('ZADD', K.owed, 0, m)
+        reclaimed = true
       end
     end
   end
+  -- what this poll does not take back, another long-poller may
+  if reclaimed then wake(K, S) end
 end
 
 -- 2. Lapsed leases: failed deliveries, owed from their expiry (bounded per call).

@@ -12,8 +12,10 @@
 -- ARGV[7] max_age      integer >= 0, retention: seconds a record is kept (0: unbounded)
 -- ARGV[8] max_payload  integer 1..536870912, bytes
 -- ARGV[9] name         'tenant/namespace/stream', for display
+-- ARGV[10] check       '1': validate only and write nothing (the caller checks every
+--                      shard before it writes any); '0': create
 --
--- Returns: 1 when created, 0 when it existed with the same settings.
+-- Returns: 1 when created, 0 when it existed with the same settings (or check=1).
 -- Errors: FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
 -- settings; names the first that differs), FELIX_WRONGTYPE.
 local kind, consistency = ARGV[1], ARGV[5]
@@ -46,6 +48,7 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   fail('WRONGTYPE', 'key ' .. KEYS[2] .. ' exists without stream settings; another application wrote it')
 end
+if ARGV[10] == '1' then return 0 end
 local created = fmt(now_ms())
 redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0', 'created', created, unpack(settings))
 return 1

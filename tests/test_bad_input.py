@@ -26,6 +26,7 @@ from felix_redis import (
     NotFound,
     Record,
     StaleClaim,
+    StreamExists,
     WrongKeyType,
 )
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
@@ -906,3 +907,52 @@ def test_producer_ids_counter_holding_text(stream: felix_redis.Client, store: An
     store.set("felix:producer-ids", "not a number")
     with unchanged():
         refused(WrongKeyType, lambda: stream.idempotent_producer(), "felix:producer-ids")
+@pytest.mark.parametrize("op", ["group_configure", "group_delete"])
+def test_group_change_wrong_type_on_shard_1(op: str, client: felix_redis.Client, store: Any,
+                                            unchanged: Callable[[], Any]) -> None:
+    client.stream_create(T, N, S, shards=2)
+    client.group_create(T, N, S, G)
+    key = role_key(client, "lease", shard=1)
+    plant(store, key)
+    kwargs = {"visibility_timeout_ms": 1000} if op == "group_configure" else {}
+    with unchanged():
+        refused(WrongKeyType, lambda: getattr(client, op)(T, N, S, G, **kwargs), key)
+
+
+
+def test_group_create_start_beyond_one_shards_tail(client: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    client.stream_create(T, N, S, shards=2)
+    for _ in range(5):
+        client.publish(T, N, S, b"x", shard=1)
+    with unchanged():
+        refused(InvalidArgument, lambda: client.group_create(T, N, S, G, start=3), "beyond the tail")
+
+
+
+def test_group_create_wrong_type_on_shard_0(client: felix_redis.Client, store: Any,
+                                            unchanged: Callable[[], Any]) -> None:
+    client.stream_create(T, N, S, shards=2)
+    key = role_key(client, "lease", shard=0)
+    plant(store, key)
+    with unchanged():
+        refused(WrongKeyType, lambda: client.group_create(T, N, S, G), key)
+
+
+
+# --- 8. writes before the error on multi-shard streams
+def test_stream_create_with_other_shard_count(client: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    client.stream_create(T, N, S)
+    with unchanged():
+        refused(StreamExists, lambda: client.stream_create(T, N, S, shards=2), "shards")
+
+
+
+@pytest.mark.parametrize("role", ["group", "lease", "dead"])
+def test_stream_delete_over_wrong_type_group_keys(role: str, stream: felix_redis.Client, store: Any,
+                                                  unchanged: Callable[[], Any]) -> None:
+    key = role_key(stream, role)
+    plant(store, key)
+    with unchanged():
+        refused(WrongKeyType, lambda: stream.stream_delete(T, N, S), key)
+
+

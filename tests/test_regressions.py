@@ -189,3 +189,48 @@ def test_long_poll_longer_than_socket_timeout(redis_url, raw) -> None:
         assert time.monotonic() - start < 3
     finally:
         client.close()
+
+
+def test_reclaim_wakes_other_long_pollers_for_what_it_left_owed(client, backend) -> None:
+    """Reclaim makes the consumer's in-flight records owed now, but does not
+    wake the group's long-pollers; what the reclaiming poll did not take waits until
+    another poller's block ends (up to its whole wait)."""
+    import threading
+    import time
+
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G, visibility_timeout_ms=30_000)
+    for i in range(3):
+        client.publish(T, N, S, b"%d" % i)
+    assert len(client.group_poll_as(T, N, S, 0, G, consumer="w-7", max_records=3)) == 3
+    other = felix_redis.connect(backend[0])
+    got: list = []
+
+    def long_poll() -> None:
+        got.extend(other.group_poll(T, N, S, 0, G, max_records=10, wait=4))
+        got.append(time.monotonic())
+
+    thread = threading.Thread(target=long_poll)
+    thread.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    (back,) = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, max_records=1)
+    thread.join(10)
+    other.close()
+    records, woke = got[:-1], got[-1]
+    assert sorted(r.offset for r in records) == sorted({0, 1, 2} - {back.offset})
+    assert woke - start < 1.0, f"the other poller woke after {woke - start:.2f}s"
+
+
+def test_stream_create_with_more_shards_than_existing_writes_nothing(client: felix_redis.Client, unchanged) -> None:
+    client.stream_create(T, N, S, shards=2)
+    with unchanged(), pytest.raises(felix_redis.StreamExists):
+        client.stream_create(T, N, S, shards=3)
+
+
+def test_stream_delete_removes_producer_state_too(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, shards=2)
+    client.publish(T, N, S, b"a", shard=0)
+    client.idempotent_producer().publish(T, N, S, b"b", shard=1)
+    client.stream_delete(T, N, S)
+    assert set(client.redis.keys("*")) <= {b"felix:streams", b"felix:producer-ids"}

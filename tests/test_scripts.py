@@ -71,7 +71,7 @@ def test_source_has_prelude_includes_and_epilogue(name: str) -> None:
     assert src.source.rstrip().endswith("return redis.error_reply(tostring(result))")
     assert "@include" not in src.source
     if '--- @include "group"' in src.body:
-        assert src.includes == ("prelude", "group")
+        assert src.includes == ("prelude", "roles", "group")  # dependencies first
 
 
 # ---------------------------------------------------------------------------- loader
@@ -261,9 +261,12 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
             # KEYS[4..]: 10 keys per group in GROUP_ROLES order
             assert roles[:3] == documented
             rest = roles[3:]
-            assert len(rest) % 10 == 0
-            for i in range(0, len(rest), 10):
-                assert tuple(rest[i:i + 10]) == GROUP_ROLES
+            producers = [r for r in rest if r == "producer"]
+            assert rest[len(rest) - len(producers):] == producers, "producer keys come last"
+            groups = rest[: len(rest) - len(producers)]
+            assert len(groups) % 10 == 0
+            for i in range(0, len(groups), 10):
+                assert tuple(groups[i:i + 10]) == GROUP_ROLES
             assert "GROUP_ROLES" in header(name)
         else:
             assert roles == documented, f"{name}: Python passes {roles}, the header says {documented}"
@@ -280,10 +283,13 @@ def test_group_scripts_take_shard_and_group_roles_in_order(name: str) -> None:
 
 def test_group_include_key_types_follow_group_roles() -> None:
     text = (LUA / "includes" / "group.lua").read_text()
-    table = re.search(r"GROUP_KEY_TYPES = \{(.*?)\n\}", text, re.S)
+    table = re.search(r"GROUP_KEY_TYPES = (\{.*?\})\n", text)
     assert table
-    roles = tuple(re.findall(r"\{'(\w+)', '\w+'\}", table.group(1)))
-    assert roles == SHARD_ROLES + GROUP_ROLES
+    shard_roles = tuple(re.findall(r"\{'(\w+)', '\w+'\}", table.group(1)))
+    assert shard_roles == SHARD_ROLES
+    role_table = re.search(r"GROUP_ROLE_TYPES = \{(.*?)\n\}", (LUA / "includes" / "roles.lua").read_text(), re.S)
+    assert role_table
+    assert tuple(re.findall(r"\{'(\w+)', '\w+'\}", role_table.group(1))) == GROUP_ROLES
     comment = tuple(re.findall(r"KEYS\[\d+\] (\w+)", text.split("local GROUP_KEY_TYPES")[0]))
     assert comment == SHARD_ROLES + GROUP_ROLES
 

@@ -4,11 +4,10 @@
 --   KEYS[6] attempts, KEYS[7] done, KEYS[8] redo, KEYS[9] dead, KEYS[10] owner,
 --   KEYS[11] byowner, KEYS[12] wake
 
-local GROUP_KEY_TYPES = {
-  {'meta', 'hash'}, {'log', 'stream'}, {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'},
-  {'attempts', 'hash'}, {'done', 'set'}, {'redo', 'zset'}, {'dead', 'hash'}, {'owner', 'hash'},
-  {'byowner', 'zset'}, {'wake', 'stream'},
-}
+--- @include "roles"
+
+local GROUP_KEY_TYPES = {{'meta', 'hash'}, {'log', 'stream'}}
+for _, rt in ipairs(GROUP_ROLE_TYPES) do GROUP_KEY_TYPES[#GROUP_KEY_TYPES + 1] = rt end
 
 local function group_keys()
   local K = {}

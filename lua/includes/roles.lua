@@ -1,0 +1,7 @@
+-- roles: the Redis type of each key of a group on one shard, in the order of
+-- felix_redis.keys.GROUP_ROLES (which scripts receive them in).
+
+local GROUP_ROLE_TYPES = {
+  {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'}, {'attempts', 'hash'}, {'done', 'set'},
+  {'redo', 'zset'}, {'dead', 'hash'}, {'owner', 'hash'}, {'byowner', 'zset'}, {'wake', 'stream'},
+}
