@@ -4,6 +4,11 @@ Schemes: ``redis://``, ``rediss://`` and ``unix://`` (redis-py's ``from_url``, w
 query options such as ``ssl_ca_certs``), ``redis+sentinel://h1:p1,h2:p2/service/db``,
 ``redis+cluster://h1:p1,h2:p2`` and ``memory://[name]`` (fakeredis in this process,
 running the same Lua scripts; one shared server per name).
+
+Credentials: the URL's own ``user:password@`` (or ``?password=``); when the URL has no
+password, ``$FELIX_REDIS_PASSWORD``. The URL itself: the one given, else
+``$FELIX_REDIS_URL``, else the contents of the file ``$FELIX_REDIS_URL_FILE``, else
+redis://localhost:6379/0. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -14,13 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from felix_redis.constants import DEFAULT_URL, ENV_URL
+from felix_redis.constants import DEFAULT_URL, ENV_PASSWORD, ENV_URL, ENV_URL_FILE
 from felix_redis.errors import ConnectionFailed, InvalidArgument, redact_url
 
-__all__ = ["ParsedUrl", "async_client", "parse_url", "resolve_url", "sync_client"]
+__all__ = ["ParsedUrl", "async_client", "env_password", "parse_url", "read_url_file", "resolve_url",
+           "sync_client"]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
            "rediss+cluster", "memory")
+
+#: TLS query options passed on to redis-py (all need a ``rediss`` scheme).
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+CERT_REQS = ("none", "optional", "required")
+_TRUE = ("1", "true", "yes", "y", "t")
+_FALSE = ("0", "false", "no", "n", "f")
 
 _memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
@@ -34,8 +46,43 @@ def default_retry_for(url: str) -> float:
 
 
 def resolve_url(url: str | None) -> str:
-    """``url``, else ``$FELIX_REDIS_URL``, else redis://localhost:6379/0."""
-    return url or os.environ.get(ENV_URL) or DEFAULT_URL
+    """``url``, else ``$FELIX_REDIS_URL``, else the URL in the file ``$FELIX_REDIS_URL_FILE``,
+    else redis://localhost:6379/0."""
+    if url:
+        return url
+    if os.environ.get(ENV_URL):
+        return os.environ[ENV_URL]
+    if os.environ.get(ENV_URL_FILE):
+        return read_url_file(os.environ[ENV_URL_FILE], source=f"${ENV_URL_FILE}")
+    return DEFAULT_URL
+
+
+def read_url_file(path: str, *, source: str = "the URL file") -> str:
+    """The Redis URL held in the file ``path`` (surrounding whitespace stripped).
+
+    Errors name the file, never its contents (it may hold a password)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read(65_536).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise InvalidArgument(f"cannot read the Redis URL from {source} {path!r}: {reason}") from None
+    if not text:
+        raise InvalidArgument(f"{source} {path!r} is empty; it should hold one Redis URL")
+    if len(text.split()) != 1 or "://" not in text:
+        raise InvalidArgument(f"{source} {path!r} does not hold one Redis URL (scheme://...); "
+                              "its contents are not shown")
+    try:
+        parse_url(text)
+    except InvalidArgument:
+        raise InvalidArgument(f"{source} {path!r} does not hold a valid Redis URL; its contents are not shown "
+                              f"(schemes: {', '.join(SCHEMES)})") from None
+    return text
+
+
+def env_password() -> str | None:
+    """``$FELIX_REDIS_PASSWORD``, used when the URL has no password (None if unset or empty)."""
+    return os.environ.get(ENV_PASSWORD) or None
 
 
 @dataclass
@@ -68,8 +115,8 @@ def parse_url(url: str) -> ParsedUrl:
     if scheme == "memory":
         return ParsedUrl(scheme, name=url.split("://", 1)[1].strip("/") or "default")
     if "+" not in scheme:
+        split = urlsplit(url)
         if scheme != "unix":
-            split = urlsplit(url)
             try:
                 split.port  # noqa: B018 - raises ValueError for a bad port
             except ValueError:
@@ -77,7 +124,10 @@ def parse_url(url: str) -> ParsedUrl:
             path = split.path.strip("/")
             if path and not path.isdigit():
                 raise InvalidArgument(f"bad database number {path!r} in {redact_url(url)!r}")
-        return ParsedUrl(scheme)
+        plain = ParsedUrl(scheme, options=dict(parse_qsl(split.query)))
+        plain.password = unquote(split.password) if split.password else plain.options.get("password") or None
+        _check_tls_options(plain, url)
+        return plain
     rest = url.split("://", 1)[1]
     query = ""
     if "?" in rest:
@@ -105,6 +155,11 @@ def parse_url(url: str) -> ParsedUrl:
         parsed.hosts.append((split.hostname, port))
     if not parsed.hosts:
         raise InvalidArgument(f"no host in {redact_url(url)!r}")
+    if parsed.password is None and parsed.options.get("password"):
+        parsed.password = parsed.options["password"]
+    if parsed.username is None and parsed.options.get("username"):
+        parsed.username = parsed.options["username"]
+    _check_tls_options(parsed, url)
     segments = [s for s in path.split("/") if s]
     if "sentinel" in scheme:
         if segments:
@@ -123,14 +178,29 @@ def _db(text: str, url: str) -> int:
         raise InvalidArgument(f"bad database number {text!r} in {redact_url(url)!r}") from None
 
 
+def _check_tls_options(parsed: ParsedUrl, url: str) -> None:
+    """Refuses TLS options redis-py would fail on later with a bare error."""
+    given = [key for key in TLS_OPTIONS if key in parsed.options]
+    if given and not parsed.tls:
+        raise InvalidArgument(f"{', '.join(given)} need(s) a TLS URL (rediss://, rediss+sentinel://, "
+                              f"rediss+cluster://), got {redact_url(url)!r}")
+    reqs = parsed.options.get("ssl_cert_reqs")
+    if reqs is not None and reqs not in CERT_REQS:
+        raise InvalidArgument(f"ssl_cert_reqs must be one of {', '.join(CERT_REQS)}, got {reqs!r}")
+    check = parsed.options.get("ssl_check_hostname")
+    if check is not None and check.lower() not in _TRUE + _FALSE:
+        raise InvalidArgument(f"ssl_check_hostname must be true or false, got {check!r}")
+    if "ssl_keyfile" in parsed.options and "ssl_certfile" not in parsed.options:
+        raise InvalidArgument("ssl_keyfile needs ssl_certfile (the client certificate it belongs to)")
+
+
 def _conn_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
+    kwargs: dict[str, Any] = {"username": parsed.username, "password": parsed.password or env_password()}
     if parsed.tls:
         kwargs["ssl"] = True
     for key, value in parsed.options.items():
-        if key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_ca_path",
-                   "ssl_check_hostname"):
-            kwargs[key] = value if key != "ssl_check_hostname" else value.lower() in ("1", "true", "yes")
+        if key in TLS_OPTIONS:
+            kwargs[key] = value if key != "ssl_check_hostname" else value.lower() in _TRUE
         elif key in ("socket_timeout", "socket_connect_timeout"):
             kwargs[key] = float(value)
     return {k: v for k, v in kwargs.items() if v is not None}
@@ -146,6 +216,13 @@ def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any
     if "sentinel_username" in parsed.options:
         out["username"] = parsed.options["sentinel_username"]
     return out or None
+
+
+def _env_credentials(parsed: ParsedUrl) -> dict[str, Any]:
+    """``password=$FELIX_REDIS_PASSWORD`` when the URL has none (``from_url`` lets the
+    URL's own password win anyway)."""
+    password = env_password()
+    return {"password": password} if password and parsed.password is None else {}
 
 
 def _memory_server(name: str) -> Any:
@@ -184,7 +261,7 @@ def sync_client(url: str) -> Any:
             hosts = ",".join(f"{h}:{p}" for h, p in parsed.hosts)
             raise ConnectionFailed(
                 f"cannot reach Redis Cluster at {hosts}: {str(exc).splitlines()[0][:300]}") from None
-    return redis.Redis.from_url(url)
+    return redis.Redis.from_url(url, **_env_credentials(parsed))
 
 
 def async_client(url: str) -> Any:
@@ -207,4 +284,4 @@ def async_client(url: str) -> Any:
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
         return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
-    return aioredis.Redis.from_url(url)
+    return aioredis.Redis.from_url(url, **_env_credentials(parsed))

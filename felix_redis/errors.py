@@ -103,9 +103,14 @@ def from_response(message: str) -> FelixError | None:
     return None
 
 
-_PASSWORD_RE = re.compile(r"(//[^:/@]*:)([^@]*)(@)")
+#: ``//user:PASSWORD@`` in a URL; the password runs to the last ``@`` of the URL token, so
+#: an unencoded ``@`` or ``/`` in it is masked too (masking a little too much is the safe side).
+_USERINFO_RE = re.compile(r"(//[^:/@\s?#]*:)([^\s?#]*)(@)")
+#: ``password=``, ``sentinel_password=``, ``ssl_password=`` ... in a query string.
+_QUERY_PASSWORD_RE = re.compile(r"([?&][A-Za-z_]*password=)([^&\s#'\"]*)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    return _PASSWORD_RE.sub(r"\1***\3", url)
+    """``url`` (or a message holding URLs) with every password replaced by ``***``: the
+    one in ``user:password@`` and any ``...password=`` query option."""
+    return _QUERY_PASSWORD_RE.sub(r"\1***", _USERINFO_RE.sub(r"\1***\3", url))

@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 import felix_redis
-from felixctl.common import ENV_NAMESPACE, ENV_TENANT, Ctl, as_operation_error, examples
+from felix_redis.constants import ENV_URL_FILE
+from felixctl.common import ENV_NAMESPACE, ENV_TENANT, Ctl, as_operation_error, choose_url, examples
 
 
 class FelixctlGroup(click.Group):
@@ -19,7 +20,7 @@ class FelixctlGroup(click.Group):
             return super().invoke(ctx)
         except Exception as exc:
             ctl = ctx.find_object(Ctl)
-            error = as_operation_error(exc, ctl.url if ctl else None)
+            error = as_operation_error(exc, ctl.known_url if ctl else None)
             if error is None:
                 raise
             raise error from None
@@ -42,7 +43,13 @@ class FelixctlGroup(click.Group):
 @click.option(
     "--redis-url", envvar="FELIX_REDIS_URL", show_envvar=True, default=None, metavar="URL",
     help="redis://, rediss://, unix://, redis+sentinel://h:26379/service/db, redis+cluster://h:7000 or "
-    "memory:// (in this process only). Default: redis://localhost:6379/0.",
+    "memory:// (in this process only). Default: redis://localhost:6379/0. A password missing from the URL "
+    "is taken from $FELIX_REDIS_PASSWORD.",
+)
+@click.option(
+    "--redis-url-file", envvar=ENV_URL_FILE, show_envvar=True, default=None, metavar="PATH",
+    help="Read the Redis URL from this file (e.g. a mounted secret), keeping the password off the command "
+    "line. Not together with --redis-url; $FELIX_REDIS_URL wins over $FELIX_REDIS_URL_FILE.",
 )
 @click.option("--tenant", envvar=ENV_TENANT, show_envvar=True, default="default", show_default=True,
               help="Tenant of the streams addressed.")
@@ -51,13 +58,14 @@ class FelixctlGroup(click.Group):
 @click.version_option(felix_redis.__version__, "-V", "--version", prog_name="felixctl",
                       message="%(prog)s %(version)s (felix-redis)")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str | None, tenant: str, namespace: str) -> None:
+def cli(ctx: click.Context, redis_url: str | None, redis_url_file: str | None, tenant: str,
+        namespace: str) -> None:
     """Administer felix-redis streams, consumer groups and records.
 
     A stream is a sharded durable log on Redis; a group hands its records out to
     workers under a lease. Claims look like SHARD:OFFSET:ATTEMPTS (0:15:1).
     """
-    ctl = Ctl(url=redis_url or None, tenant=tenant, namespace=namespace)
+    ctl = choose_url(ctx, redis_url, redis_url_file)
     ctx.obj = ctl
     ctx.call_on_close(ctl.close)
 

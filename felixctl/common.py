@@ -15,7 +15,6 @@ import os
 import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -24,8 +23,9 @@ import redis.exceptions
 
 import felix_redis
 from felix_redis import Claim, FelixError, Record, parse_claim
-from felix_redis.constants import DEFAULT_URL, ENV_URL
-from felix_redis.errors import redact_url
+from felix_redis.connection import env_password, read_url_file
+from felix_redis.constants import DEFAULT_URL, ENV_URL, ENV_URL_FILE
+from felix_redis.errors import InvalidArgument, redact_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,16 +48,35 @@ class OperationError(click.ClickException):
 
 
 def hide_password(message: str, url: str | None) -> str:
-    """``message`` with the password of ``url`` (and of any URL in it) masked."""
+    """``message`` with the password of ``url``, ``$FELIX_REDIS_PASSWORD`` and the
+    password of any URL in it masked."""
     message = redact_url(message)
+    secrets = [env_password()]
     if url:
         with contextlib.suppress(ValueError):
             netloc = urlsplit(url).netloc
             if "@" in netloc:
-                password = unquote(netloc.rsplit("@", 1)[0].partition(":")[2])
-                if password:
-                    message = message.replace(password, "***")
+                secrets.append(unquote(netloc.rsplit("@", 1)[0].partition(":")[2]))
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "***")
     return message
+
+
+def choose_url(ctx: click.Context, redis_url: str | None, redis_url_file: str | None) -> Ctl:
+    """A Ctl with the URL felixctl uses: ``--redis-url`` or ``--redis-url-file`` given on
+    the command line (not both); else ``$FELIX_REDIS_URL``, else ``$FELIX_REDIS_URL_FILE``;
+    else neither (the library's default). Tenant and namespace come from ``ctx.params``."""
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    if given("redis_url") and given("redis_url_file"):
+        raise click.UsageError("give --redis-url or --redis-url-file, not both", ctx)
+    tenant, namespace = ctx.params["tenant"], ctx.params["namespace"]
+    if redis_url and not given("redis_url_file"):
+        return Ctl(redis_url, tenant, namespace)
+    source = "--redis-url-file" if given("redis_url_file") else f"${ENV_URL_FILE}"
+    return Ctl(None, tenant, namespace, url_file=redis_url_file or None, url_file_source=source)
 
 
 def as_operation_error(exc: BaseException, url: str | None) -> OperationError | None:
@@ -74,6 +93,9 @@ def as_operation_error(exc: BaseException, url: str | None) -> OperationError | 
     else:
         return None
     text = hide_password(" ".join(text.split()), url)
+    if len(text) > MAX_ERROR_CHARS and "?" in shown:
+        # long query options (TLS file paths) would push the reason past the cut
+        text = text.replace(shown, shown.split("?", 1)[0] + "?...")
     if len(text) > MAX_ERROR_CHARS:
         text = text[:MAX_ERROR_CHARS] + "..."
     return OperationError(text)
@@ -82,14 +104,39 @@ def as_operation_error(exc: BaseException, url: str | None) -> OperationError | 
 # -- context
 
 
-@dataclass
 class Ctl:
-    """The global options and a client made on first use."""
+    """The global options and a client made on first use. A URL file is read on the
+    first use of :attr:`url` (so ``--help`` works without it); its contents are never
+    printed."""
 
-    url: str | None
-    tenant: str
-    namespace: str
-    _client: felix_redis.Client | None = field(default=None, repr=False)
+    def __init__(self, url: str | None, tenant: str, namespace: str, *, url_file: str | None = None,
+                 url_file_source: str = "--redis-url-file") -> None:
+        self._url = url
+        self._url_file = url_file
+        self._url_file_source = url_file_source
+        self.tenant = tenant
+        self.namespace = namespace
+        self._client: felix_redis.Client | None = None
+
+    @property
+    def url(self) -> str | None:
+        """The URL given (None: the library's default); reads the URL file on first use."""
+        if self._url_file is not None:
+            try:
+                self._url = read_url_file(self._url_file, source=self._url_file_source)
+            except InvalidArgument as exc:
+                raise click.BadParameter(str(exc), param_hint=self._url_file_source) from None
+            self._url_file = None
+        return self._url
+
+    @property
+    def known_url(self) -> str | None:
+        """The URL if known already, without reading a file (for error messages)."""
+        return self._url
+
+    def __repr__(self) -> str:
+        shown = redact_url(self._url) if self._url else None
+        return f"Ctl(url={shown!r}, tenant={self.tenant!r}, namespace={self.namespace!r})"
 
     @property
     def client(self) -> felix_redis.Client:

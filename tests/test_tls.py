@@ -1,0 +1,329 @@
+"""TLS end to end: ``rediss://`` URLs with CA, client certificate and key options against
+private ``redis-server --tls-port`` processes, with certificates made here by the
+``openssl`` CLI (a CA, a second unrelated CA, server and client certificates).
+
+Every server also listens on a plain loopback port (RedisServer's readiness check pings
+it); the tests only ever connect to the TLS port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from click.testing import CliRunner
+
+import felix_redis
+import felix_redis.asyncio as felix_asyncio
+from felix_redis.connection import async_client, parse_url, sync_client
+from felix_redis.testing.server import RedisServer, free_port, redis_server_binary
+from felixctl.cli import cli
+
+pytestmark = [
+    pytest.mark.skipif(redis_server_binary() is None, reason="needs a redis-server binary"),
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make test certificates"),
+]
+
+T, N = "acme", "prod"
+
+
+# -- certificates
+
+
+@dataclass(frozen=True)
+class Certs:
+    dir: Path
+
+    def crt(self, name: str) -> str:
+        return str(self.dir / f"{name}.crt")
+
+    def key(self, name: str) -> str:
+        return str(self.dir / f"{name}.key")
+
+
+#: P-256 keys: made in milliseconds, unlike RSA.
+_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _make_ca(d: Path, name: str) -> None:
+    _openssl("req", "-x509", *_KEY, "-nodes", "-days", "2", "-subj", f"/CN=felix-redis test {name}",
+             "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.crt"),
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-addext", "subjectKeyIdentifier=hash")
+
+
+def _make_leaf(d: Path, name: str, ca: str, *, usage: str, san: str | None) -> None:
+    _openssl("req", *_KEY, "-nodes", "-subj", f"/CN={name}",
+             "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
+    lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
+             f"extendedKeyUsage={usage}", "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]
+    if san:
+        lines.append(f"subjectAltName={san}")
+    (d / f"{name}.ext").write_text("\n".join(lines) + "\n")
+    _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / f"{ca}.crt"), "-CAkey",
+             str(d / f"{ca}.key"), "-CAcreateserial", "-days", "2", "-out", str(d / f"{name}.crt"),
+             "-extfile", str(d / f"{name}.ext"))
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    d = tmp_path_factory.mktemp("tls")
+    _make_ca(d, "ca")
+    _make_ca(d, "otherca")
+    _make_leaf(d, "server", "ca", usage="serverAuth", san="IP:127.0.0.1,DNS:localhost")
+    _make_leaf(d, "wrongname", "ca", usage="serverAuth", san="DNS:elsewhere.example")
+    _make_leaf(d, "client", "ca", usage="clientAuth", san=None)
+    _make_leaf(d, "strangerclient", "otherca", usage="clientAuth", san=None)
+    return Certs(d)
+
+
+# -- servers
+
+
+@dataclass(frozen=True)
+class TlsServer:
+    port: int  # the TLS port; the plain one is never used by the tests
+    certs: Certs
+
+    def url(self, host: str = "127.0.0.1", *, client_cert: bool = True, **options: str) -> str:
+        query = {"ssl_ca_certs": self.certs.crt("ca")}
+        if client_cert:
+            query.update(ssl_certfile=self.certs.crt("client"), ssl_keyfile=self.certs.key("client"))
+        query.update(options)
+        query = {k: v for k, v in query.items() if v}
+        return f"rediss://{host}:{self.port}/0" + (f"?{urlencode(query, safe='/')}" if query else "")
+
+
+def _tls_server(certs: Certs, *, cert: str, auth_clients: str) -> Iterator[TlsServer]:
+    tls_port = free_port()
+    server = RedisServer(extra=[
+        "--tls-port", str(tls_port),
+        "--tls-cert-file", certs.crt(cert), "--tls-key-file", certs.key(cert),
+        "--tls-ca-cert-file", certs.crt("ca"),
+        "--tls-auth-clients", auth_clients,
+    ])
+    try:
+        server.start()
+        yield TlsServer(tls_port, certs)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def mtls(certs: Certs) -> Iterator[TlsServer]:
+    """Requires a client certificate signed by the CA (``--tls-auth-clients yes``)."""
+    yield from _tls_server(certs, cert="server", auth_clients="yes")
+
+
+@pytest.fixture(scope="module")
+def one_way(certs: Certs) -> Iterator[TlsServer]:
+    """Server certificate only; client certificates optional."""
+    yield from _tls_server(certs, cert="server", auth_clients="optional")
+
+
+@pytest.fixture(scope="module")
+def wrong_name(certs: Certs) -> Iterator[TlsServer]:
+    """A certificate from the right CA for another host name."""
+    yield from _tls_server(certs, cert="wrongname", auth_clients="optional")
+
+
+def _round_trip(client: felix_redis.Client, stream: str) -> None:
+    client.stream_create(T, N, stream, shards=2)
+    client.group_create(T, N, stream, "workers")
+    published = client.publish(T, N, stream, b"over tls", key="k1")
+    records = client.group_poll(T, N, stream, published.shard, "workers", max_records=5)
+    assert [(r.offset, r.payload, r.key, r.attempts) for r in records] == [(published.offset, b"over tls", "k1", 1)]
+    assert client.group_ack(T, N, stream, published.shard, "workers", records[0])
+    assert sum(s.lag for s in client.group_describe(T, N, stream, "workers").shards) == 0
+    client.stream_delete(T, N, stream)
+
+
+# -- end to end
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_mutual_tls_round_trip(mtls: TlsServer, host: str) -> None:
+    client = felix_redis.connect(mtls.url(host))
+    try:
+        connection = client.redis.connection_pool.make_connection()  # not connected yet
+        assert "SSL" in type(connection).__name__ and connection.port == mtls.port
+        assert connection.cert_reqs == ssl.CERT_REQUIRED and connection.check_hostname  # verified by default
+        _round_trip(client, f"tls-{host.replace('.', '-')}")
+    finally:
+        client.close()
+
+
+def test_mutual_tls_round_trip_asyncio(mtls: TlsServer) -> None:
+    async def main() -> None:
+        async with felix_asyncio.connect(mtls.url()) as client:
+            await client.stream_create(T, N, "tls-async")
+            await client.group_create(T, N, "tls-async", "workers")
+            published = await client.publish(T, N, "tls-async", b"async over tls")
+            records = await client.group_poll(T, N, "tls-async", 0, "workers", wait=1.0)
+            assert [r.payload for r in records] == [b"async over tls"]
+            assert records[0].offset == published.offset
+            assert await client.group_ack(T, N, "tls-async", 0, "workers", records[0])
+            await client.stream_delete(T, N, "tls-async")
+
+    asyncio.run(main())
+
+
+def test_server_certificate_only(one_way: TlsServer) -> None:
+    client = felix_redis.connect(one_way.url(client_cert=False))
+    try:
+        _round_trip(client, "one-way")
+    finally:
+        client.close()
+
+
+# -- verification is on by default
+
+
+def _refused(url: str) -> str:
+    client = felix_redis.connect(url, retry_for=0)  # no retries through the refusals
+    try:
+        with pytest.raises(felix_redis.ConnectionFailed) as info:
+            client.stream_list()
+    finally:
+        client.close()
+    return str(info.value)
+
+
+def _refused_async(url: str) -> str:
+    async def main() -> str:
+        client = felix_asyncio.connect(url, retry_for=0)
+        try:
+            with pytest.raises(felix_redis.ConnectionFailed) as info:
+                await client.stream_list()
+        finally:
+            await client.close()
+        return str(info.value)
+
+    return asyncio.run(main())
+
+
+def test_unknown_ca_is_refused_by_default(mtls: TlsServer, certs: Certs) -> None:
+    for url in (mtls.url(ssl_ca_certs=certs.crt("otherca")),  # trusts another CA
+                mtls.url(ssl_ca_certs="")):                    # the system store only
+        for message in (_refused(url), _refused_async(url)):
+            assert f"127.0.0.1:{mtls.port}" in message
+            assert "certificate verify failed" in message.lower(), message
+
+
+def test_ssl_cert_reqs_none_skips_verification(mtls: TlsServer, certs: Certs) -> None:
+    client = felix_redis.connect(mtls.url(ssl_ca_certs=certs.crt("otherca"), ssl_cert_reqs="none"))
+    try:
+        _round_trip(client, "unverified")
+    finally:
+        client.close()
+
+
+def test_host_name_is_checked(wrong_name: TlsServer) -> None:
+    for message in (_refused(wrong_name.url(client_cert=False)), _refused_async(wrong_name.url(client_cert=False))):
+        assert f"127.0.0.1:{wrong_name.port}" in message
+        assert "mismatch" in message.lower() or "doesn't match" in message.lower(), message
+    client = felix_redis.connect(wrong_name.url(client_cert=False, ssl_check_hostname="false"))
+    try:
+        _round_trip(client, "no-hostname-check")
+    finally:
+        client.close()
+
+
+def test_client_certificate_required(mtls: TlsServer, certs: Certs) -> None:
+    stranger = mtls.url(ssl_certfile=certs.crt("strangerclient"), ssl_keyfile=certs.key("strangerclient"))
+    for url in (mtls.url(client_cert=False), stranger):
+        for message in (_refused(url), _refused_async(url)):
+            assert f"127.0.0.1:{mtls.port}" in message, message
+
+
+# -- felixctl
+
+
+def test_felixctl_over_tls(mtls: TlsServer, certs: Certs) -> None:
+    runner = CliRunner()
+    url = mtls.url()
+
+    def ok(*args: str) -> str:
+        result = runner.invoke(cli, ["--redis-url", url, "--tenant", T, "--namespace", N, *args])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.output
+
+    ok("stream", "create", "cli-tls", "--shards", "1")
+    ok("group", "create", "cli-tls", "workers")
+    assert ok("pub", "cli-tls", "hello tls").strip() == "0:0"
+    line = ok("group", "poll", "cli-tls", "workers").strip()
+    assert line == "0:0:1\thello tls"
+    ok("group", "ack", "cli-tls", "workers", "0:0:1")
+    assert '"lag": 0' in ok("group", "describe", "cli-tls", "workers", "-o", "json")
+    ok("stream", "delete", "cli-tls", "--yes")
+
+    bad = mtls.url(ssl_ca_certs=certs.crt("otherca"))
+    result = runner.invoke(cli, ["--redis-url", bad, "stream", "list"])
+    assert result.exit_code == 1
+    assert result.output.startswith("felixctl: error: ")
+    assert "certificate verify failed" in result.output.lower()
+
+
+# -- URL options (no server needed)
+
+
+def test_tls_options_need_a_tls_url() -> None:
+    for url in ("redis://127.0.0.1:6379/0?ssl_ca_certs=/ca.pem", "redis+sentinel://h:26379/m/0?ssl_certfile=/c.pem",
+                "redis+cluster://h:7000?ssl_cert_reqs=none"):
+        with pytest.raises(felix_redis.InvalidArgument, match="rediss://"):
+            felix_redis.connect(url)
+
+
+@pytest.mark.parametrize("query, match", [
+    ("ssl_cert_reqs=bogus", "ssl_cert_reqs must be one of none, optional, required"),
+    ("ssl_check_hostname=maybe", "ssl_check_hostname must be true or false"),
+    ("ssl_keyfile=/k.pem", "ssl_keyfile needs ssl_certfile"),
+])
+def test_bad_tls_options_are_refused_up_front(query: str, match: str) -> None:
+    for scheme, rest in (("rediss", "127.0.0.1:6380/0"), ("rediss+sentinel", "h:26379/m/0"),
+                         ("rediss+cluster", "h:7000")):
+        with pytest.raises(felix_redis.InvalidArgument, match=match):
+            felix_redis.connect(f"{scheme}://{rest}?{query}")
+        with pytest.raises(felix_redis.InvalidArgument, match=match):
+            felix_asyncio.connect(f"{scheme}://{rest}?{query}")
+
+
+def test_sentinel_tls_options_reach_sentinels_and_data_servers() -> None:
+    url = ("rediss+sentinel://app:pw@s1:26379,s2/orders/2?ssl_ca_certs=/pki/ca.pem&ssl_certfile=/pki/c.pem"
+           "&ssl_keyfile=/pki/c.key&ssl_cert_reqs=optional&ssl_check_hostname=false&sentinel_password=spw")
+    parsed = parse_url(url)
+    assert parsed.tls and parsed.hosts == [("s1", 26379), ("s2", 26379)]
+    assert (parsed.service, parsed.db, parsed.username, parsed.password) == ("orders", 2, "app", "pw")
+    expected = {"ssl_ca_certs": "/pki/ca.pem", "ssl_certfile": "/pki/c.pem", "ssl_keyfile": "/pki/c.key",
+                "ssl_cert_reqs": "optional", "ssl_check_hostname": False}
+    for raw in (sync_client(url), async_client(url)):
+        pool = raw.connection_pool
+        assert "SSL" in pool.connection_class.__name__
+        assert {k: pool.connection_kwargs[k] for k in expected} == expected
+        assert pool.connection_kwargs["password"] == "pw"
+        for sentinel in pool.sentinel_manager.sentinels:
+            own = sentinel.connection_pool
+            assert "SSL" in own.connection_class.__name__
+            assert {k: own.connection_kwargs[k] for k in expected} == expected
+            assert own.connection_kwargs["password"] == "spw"
+
+
+def test_cluster_tls_options() -> None:
+    url = "rediss+cluster://:pw@h1:7000,h2:7001?ssl_ca_certs=/pki/ca.pem&ssl_certfile=/pki/c.pem&ssl_keyfile=/pki/k"
+    raw = async_client(url)  # the asyncio cluster client connects on first use only
+    kwargs = raw.nodes_manager.connection_kwargs
+    assert "SSL" in kwargs["connection_class"].__name__
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == (
+        "/pki/ca.pem", "/pki/c.pem", "/pki/k")
+    assert kwargs["ssl_cert_reqs"] == "required" and kwargs["ssl_check_hostname"] is True  # verified by default
