@@ -22,23 +22,35 @@
 -- FELIX_WRONGTYPE. All offsets are checked before anything is written.
 --- @include "group"
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
-local offsets = {}
-for i = 1, #ARGV do offsets[i] = int_arg(ARGV[i], 'offset', 0, 2 ^ 52) end
+local ms = {}
+for i = 1, #ARGV do ms[i] = fmt(int_arg(ARGV[i], 'offset', 0, 2 ^ 52)) end
 local K = group_keys()
 local S = load_group(K)
-for _, off in ipairs(offsets) do
-  if off >= S.next then
-    fail('NOT_FOUND', 'record ' .. fmt(off) .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
+for _, m in ipairs(ms) do
+  if tonumber(m) >= S.next then
+    fail('NOT_FOUND', 'record ' .. m .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
   end
 end
-local out = {}
-for i, off in ipairs(offsets) do
-  if is_finished(K, S, fmt(off), off) then
-    out[i] = 0
-  else
-    finish(K, S, off)
-    out[i] = 1
+-- unfinished = in flight (lease) or owed; anything else delivered is finished already
+local out, seen, leased, rest = {}, {}, {}, {}
+local lease_scores = call_many('ZMSCORE', K.lease, ms)
+for i, m in ipairs(ms) do
+  out[i] = 0
+  if not seen[m] then
+    seen[m] = i
+    if lease_scores[i] then leased[#leased + 1] = m; out[i] = 1 else rest[#rest + 1] = m end
   end
 end
+local owed = {}
+if #rest > 0 then
+  local owed_scores = call_many('ZMSCORE', K.owed, rest)
+  for j, m in ipairs(rest) do
+    if owed_scores[j] then owed[#owed + 1] = m; out[seen[m]] = 1 end
+  end
+end
+if #leased > 0 then call_many('ZREM', K.lease, leased) end
+if #owed > 0 then call_many('ZREM', K.owed, owed) end
+for _, m in ipairs(owed) do leased[#leased + 1] = m end
+if #leased > 0 then finish_many(K, S, leased) end
 save_group(K, S)
 return out

@@ -35,6 +35,7 @@ if attempts >= S.max then
 else
   redis.call('ZREM', K.lease, m)
   release_owner(K, S, m)
+  redis.call('HSET', K.attempts, m, attempts)
   redis.call('ZADD', K.owed, now + delay, m)
   wake(K, S)
   status = 1

@@ -40,10 +40,11 @@ if reclaim and consumer ~= '' and S.cons then
     redis.call('ZREM', K.byowner, member)
     redis.call('HDEL', K.owner, m)
     if redis.call('ZREM', K.lease, m) == 1 then
-      local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
+      local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
       if a >= S.max then
         dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
       else
+        redis.call('HSET', K.attempts, m, a)
         redis.call('ZADD', K.owed, 0, m)
         reclaimed = true
       end
@@ -59,10 +60,11 @@ for i = 1, #lapsed, 2 do
   local m = lapsed[i]
   redis.call('ZREM', K.lease, m)
   release_owner(K, S, m)
-  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
+  local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
   if a >= S.max then
     dead_letter(K, S, tonumber(m), a, 'max_attempts reached: lease lapsed', now)
   else
+    redis.call('HSET', K.attempts, m, a)
     redis.call('ZADD', K.owed, lapsed[i + 1], m)
   end
 end
@@ -70,13 +72,18 @@ end
 local out = {now, -1, S.tail, S.wseq, 0}
 local n = 0
 local expiry = now + S.vt
+-- leases, owners and attempts are written once per poll, for all records together
+local leases, owners, held, counts = {}, {}, {}, {}
 local function lease(m, off, attempts, ms, key, payload)
-  redis.call('ZADD', K.lease, expiry, m)
-  redis.call('HSET', K.attempts, m, attempts)
+  leases[#leases + 1] = expiry
+  leases[#leases + 1] = m
+  -- an in-flight record without an attempts entry is on its first delivery
+  if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = attempts end
   if consumer ~= '' then
-    redis.call('HSET', K.owner, m, consumer)
-    redis.call('ZADD', K.byowner, 0, consumer .. '|' .. m)
-    if not S.cons then S.cons = true; S.dirty = true end
+    owners[#owners + 1] = m
+    owners[#owners + 1] = consumer
+    held[#held + 1] = 0
+    held[#held + 1] = consumer .. '|' .. m
   end
   n = n + 1
   out[#out + 1] = off
@@ -124,6 +131,15 @@ if want > 0 and S.next < S.tail then
   S.dirty = true
 end
 
+if n > 0 then
+  call_many('ZADD', K.lease, leases)
+  if #counts > 0 then call_many('HSET', K.attempts, counts) end
+  if consumer ~= '' then
+    call_many('HSET', K.owner, owners)
+    call_many('ZADD', K.byowner, held)
+    if not S.cons then S.cons = true; S.dirty = true end
+  end
+end
 save_group(K, S)
 out[2] = next_due(K)
 out[5] = n

@@ -15,6 +15,25 @@ local function group_keys()
   return K
 end
 
+-- redis.call(cmd, key, prefix..., members...) in chunks (Lua's unpack has a limit);
+-- returns the replies' sum (integer replies) or their concatenation (array replies).
+local CHUNK = 1000
+local function call_many(cmd, key, members, ...)
+  local total, parts = 0, nil
+  for i = 1, #members, CHUNK do
+    local args = {...}
+    for j = i, math.min(i + CHUNK - 1, #members) do args[#args + 1] = members[j] end
+    local r = redis.call(cmd, key, unpack(args))
+    if type(r) == 'table' then
+      parts = parts or {}
+      for _, v in ipairs(r) do parts[#parts + 1] = v end
+    else
+      total = total + r
+    end
+  end
+  return parts or total
+end
+
 -- Checks every key's type, that the stream (shard) and the group exist; returns the
 -- group's state S. Nothing is written.
 local function load_group(K)
@@ -87,6 +106,40 @@ local function finish(K, S, off)
   mark_done(K, S, off)
 end
 
+-- Finishes many records at once (ack): ms are members known to be unfinished. Their
+-- lease or owed entries must already be removed. The position walks over the sorted
+-- offsets without set operations when they continue it (in-order acks).
+local function finish_many(K, S, ms)
+  call_many('HDEL', K.attempts, ms)
+  if S.cons then
+    local owners = call_many('HMGET', K.owner, ms)
+    local held = {}
+    for i, c in ipairs(owners) do if c then held[#held + 1] = c .. '|' .. ms[i] end end
+    if #held > 0 then
+      call_many('HDEL', K.owner, ms)
+      call_many('ZREM', K.byowner, held)
+    end
+  end
+  local offs = {}
+  for i, m in ipairs(ms) do offs[i] = tonumber(m) end
+  table.sort(offs)
+  local below, above = {}, {}
+  local start_pos = S.pos
+  for _, off in ipairs(offs) do
+    if off < start_pos then
+      below[#below + 1] = fmt(off)
+    elseif off == S.pos then
+      S.pos = off + 1
+    else
+      above[#above + 1] = fmt(off)
+    end
+  end
+  if #below > 0 then call_many('ZREM', K.redo, below) end
+  if #above > 0 then call_many('SADD', K.done, above) end
+  while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+  if S.pos ~= start_pos then S.dirty = true end
+end
+
 -- Records a dead letter (a pointer: attempts, time, reason) and finishes the record.
 local function dead_letter(K, S, off, attempts, reason, now)
   redis.call('HSET', K.dead, fmt(off), fmt(attempts) .. '|' .. fmt(now) .. '|' .. reason)
@@ -113,10 +166,10 @@ local function check_claim(K, S, off, attempts, now)
     if is_finished(K, S, m, off) then fail('STALE_CLAIM', 'record ' .. m .. ' is already finished') end
     fail('STALE_CLAIM', 'record ' .. m .. ' is not in flight (its lease lapsed or it was nacked)')
   end
-  local current = tonumber(redis.call('HGET', K.attempts, m))
+  local current = tonumber(redis.call('HGET', K.attempts, m)) or 1
   if current ~= attempts then
     fail('STALE_CLAIM', 'claim ' .. m .. ':' .. fmt(attempts) .. ' is stale: the record was '
-      .. 'delivered again (attempts now ' .. fmt(current or 0) .. ')')
+      .. 'delivered again (attempts now ' .. fmt(current) .. ')')
   end
   if tonumber(expiry) <= now then
     fail('STALE_CLAIM', 'the lease on record ' .. m .. ' lapsed')
