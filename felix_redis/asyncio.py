@@ -244,10 +244,11 @@ class AsyncClient:
         retention_max_len: int | None = None,
         retention_max_age: int | None = None,
         max_payload: int | None = None,
+        retention_mode: str = "safe",
     ) -> bool:
         return await self._drive(self.core.stream_create(
             tenant, namespace, stream, kind, shards, replication, consistency,
-            retention_max_len, retention_max_age, max_payload,
+            retention_max_len, retention_max_age, max_payload, retention_mode,
         ))
 
     async def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
@@ -257,6 +258,11 @@ class AsyncClient:
         self, tenant: str | None = None, namespace: str | None = None
     ) -> list[tuple[str, str, str]]:
         return await self._drive(self.core.stream_list(tenant, namespace))
+
+    async def stream_trim(self, tenant: str, namespace: str, stream: str) -> int:
+        """Applies the stream's retention now (publishes also do, as the log grows);
+        returns how many records were trimmed."""
+        return await self._drive(self.core.stream_trim(tenant, namespace, stream))
 
     async def stream_delete(self, tenant: str, namespace: str, stream: str) -> None:
         await self._drive(self.core.stream_delete(tenant, namespace, stream))

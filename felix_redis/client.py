@@ -302,11 +302,12 @@ class Client:
         retention_max_len: int | None = None,
         retention_max_age: int | None = None,
         max_payload: int | None = None,
+        retention_mode: str = "safe",
     ) -> bool:
         """Creates a stream; True if created, False if it existed with the same settings."""
         return self._drive(self.core.stream_create(
             tenant, namespace, stream, kind, shards, replication, consistency,
-            retention_max_len, retention_max_age, max_payload,
+            retention_max_len, retention_max_age, max_payload, retention_mode,
         ))
 
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
@@ -317,6 +318,11 @@ class Client:
     ) -> list[tuple[str, str, str]]:
         """``(tenant, namespace, stream)`` of every stream, optionally filtered."""
         return self._drive(self.core.stream_list(tenant, namespace))
+
+    def stream_trim(self, tenant: str, namespace: str, stream: str) -> int:
+        """Applies the stream's retention now (publishes also do, as the log grows);
+        returns how many records were trimmed."""
+        return self._drive(self.core.stream_trim(tenant, namespace, stream))
 
     def stream_delete(self, tenant: str, namespace: str, stream: str) -> None:
         """Deletes a stream, its records and all its groups."""

@@ -39,6 +39,9 @@ REDRIVE_CHUNK = 1000
 
 KINDS = ("queue", "stream")
 CONSISTENCY_LEVELS = ("leader", "quorum", "all")
+#: 'safe': a queue's retention never trims a record any group has not finished;
+#: 'bounded': the limits win, and groups count the records they lose.
+RETENTION_MODES = ("safe", "bounded")
 STARTS = ("earliest", "latest")
 
 #: Names (tenant, namespace, stream, group, consumer): ASCII letters, digits and ``_.-``,

@@ -201,6 +201,7 @@ class StreamInfo:
     groups: list[str] = field(default_factory=list)
     tails: list[int] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)
+    retention_mode: str = "safe"
 
     @property
     def created_at(self) -> datetime:

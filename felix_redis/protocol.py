@@ -9,6 +9,7 @@ asyncio.py), so argument building, reply parsing, validation and multi-step logi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
@@ -121,7 +122,7 @@ Plan = Generator[Op, Any, T]
 #: so those records are redelivered later: delayed, never lost). Publishing is safe
 #: only with a producer (a re-send is answered from the shard's memory).
 RETRY_SAFE_SCRIPTS = frozenset({
-    "stream_info", "stream_read", "stream_create", "group_describe", "group_dead_letters",
+    "stream_info", "stream_read", "stream_create", "stream_trim", "group_describe", "group_dead_letters",
     "group_poll", "group_ack", "group_configure", "group_discard",
 })
 RETRY_SAFE_COMMANDS = frozenset({
@@ -243,6 +244,8 @@ class StreamSettings:
     consistency: str
     replicas: int
     max_payload: int = C.DEFAULT_MAX_PAYLOAD
+    max_len: int = 0
+    max_age: int = 0
     loaded_at: float = field(default_factory=time.monotonic)
 
 
@@ -346,6 +349,7 @@ class Core:
         self.retry_for = retry_for
         self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
         self._settings: dict[str, StreamSettings] = {}
+        self._last_trim: dict[tuple[str, int], float] = {}
         self.producers = ProducerPool()
         self._round_robin = itertools.count(random.randrange(1 << 16))
 
@@ -369,7 +373,7 @@ class Core:
         consistency = _text(meta["consistency"])
         settings = StreamSettings(
             int(meta["shards"]), replication, consistency, replicas_needed(replication, consistency),
-            int(meta["max_payload"]),
+            int(meta["max_payload"]), int(meta["max_len"]), int(meta["max_age"]),
         )
         self._settings[name.path] = settings
         return settings
@@ -397,8 +401,12 @@ class Core:
         retention_max_len: int | None = None,
         retention_max_age: int | None = None,
         max_payload: int | None = None,
+        retention_mode: str = "safe",
     ) -> Plan[bool]:
         name = self.name(tenant, namespace, stream)
+        if retention_mode not in C.RETENTION_MODES:
+            raise InvalidArgument(
+                f"retention_mode must be one of {', '.join(C.RETENTION_MODES)}, got {retention_mode!r}")
         if kind not in C.KINDS:
             raise InvalidArgument(f"kind must be one of {', '.join(C.KINDS)}, got {kind!r}")
         shards = check_int(shards, "shards", 1, C.MAX_SHARDS)
@@ -424,7 +432,8 @@ class Core:
                     f"holds {copies} (the primary and {copies - 1} connected replica(s))"
                 )
         yield from self.check_registry()
-        args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1]
+        args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1,
+                retention_mode]
         # Every shard validates first (check=1 writes nothing), so a refusal on any shard
         # leaves no shard behind; then shard 0 last: while it is missing the stream does
         # not exist for anyone.
@@ -484,6 +493,7 @@ class Core:
             retention_max_len=max_len or None,
             retention_max_age=max_age or None,
             max_payload=int(meta["max_payload"]),
+            retention_mode=_text(meta.get("mode", b"safe")),
             created_ms=int(meta["created"]),
             groups=sorted(_text(g) for g in first[1]),
             tails=tails,
@@ -609,6 +619,7 @@ class Core:
                 "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
                 context, settings.replicas,
             )
+            yield from self.maybe_trim(name, settings, shard, reply)
             return shard, int(reply[0]), int(reply[1])
         # One plan at a time per producer (the caller holds its lock, or borrowed it
         # from the pool): its sequences reach a shard in order.
@@ -645,7 +656,50 @@ class Core:
             producer.reset()
             raise
         producer.sequences[slot] = seq
+        yield from self.maybe_trim(name, settings, shard, reply)
         return shard, int(reply[0]), int(reply[1])
+
+    # -- retention
+
+    def maybe_trim(self, name: StreamName, settings: StreamSettings, shard: int, reply: list[Any]) -> Plan[None]:
+        """After a publish: trim the shard once it outgrew its retention by a slack of
+        10 % (at most 1000 records), or, for an age limit, at most once a second."""
+        if not (settings.max_len or settings.max_age):
+            return
+        kept = int(reply[0]) + int(reply[1]) - int(reply[4])
+        due = settings.max_len and kept > settings.max_len + max(1, min(1000, settings.max_len // 10))
+        if settings.max_age and not due:
+            last = self._last_trim.get((name.path, shard), 0.0)
+            due = time.monotonic() - last >= 1.0
+        if due:
+            self._last_trim[(name.path, shard)] = time.monotonic()
+            # best effort: the next publish (or stream_trim) tries again
+            with contextlib.suppress(FelixError):
+                yield from self.trim_shard(name, shard)
+
+    def trim_shard(self, name: StreamName, shard: int) -> Plan[int]:
+        groups_key = name.groups_key(shard)
+        for attempt in range(10):
+            groups = sorted(_text(g) for g in (yield Cmd("SMEMBERS", groups_key, key=groups_key)))
+            keys = [*name.shard_keys(shard), groups_key]
+            for group in groups:
+                keys += name.group_keys(shard, group)[:1] + name.group_keys(shard, group)[5:6]
+            try:
+                reply = yield Eval("stream_trim", keys, [len(groups), *groups], f"stream {name.path} shard {shard}")
+                return int(reply[0])
+            except Conflict:
+                if attempt == 9:
+                    raise
+        return 0
+
+    def stream_trim(self, tenant: str, namespace: str, stream: str) -> Plan[int]:
+        """Applies retention to every shard now; returns the records trimmed."""
+        name = self.name(tenant, namespace, stream)
+        settings = yield from self.settings(name)
+        total = 0
+        for shard in range(settings.shards):
+            total += yield from self.trim_shard(name, shard)
+        return total
 
     def new_producer_id(self) -> Plan[int]:
         """A producer id: a counter from Redis, shifted, plus 20 random bits. A counter

@@ -242,10 +242,11 @@ class ClaimRunner:
 # -- confirmation
 
 
-def confirm(question: str, *, yes: bool, what: str) -> None:
+def confirm(question: str, *, yes: bool, what: str, interactive_only: bool = False) -> None:
     """Asks ``question`` on stderr unless ``yes``. Without a terminal it reads one answer
-    only if one is already waiting; with none it refuses rather than hang."""
-    if yes:
+    only if one is already waiting; with none it refuses rather than hang.
+    ``interactive_only``: ask only a person at a terminal; scripts go ahead."""
+    if yes or (interactive_only and not sys.stdin.isatty()):
         return
     stdin = sys.stdin
     if stdin.isatty():

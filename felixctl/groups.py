@@ -133,7 +133,7 @@ def delete(ctl: Ctl, stream: str, group: str, yes: bool) -> None:
     Its position, leases and dead letters are gone afterwards.
     """
     confirm(f"Delete group {group} of {ctl.path(stream)} with its position and dead letters?",
-            yes=yes, what="group delete")
+            yes=yes, what="group delete", interactive_only=True)
     ctl.client.group_delete(*ctl.where(stream), group)
     click.echo(f"group {group} deleted from {ctl.path(stream)}")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from felix_redis.constants import CONSISTENCY_LEVELS, KINDS
+from felix_redis.constants import CONSISTENCY_LEVELS, KINDS, RETENTION_MODES
 from felix_redis.models import StreamInfo
 from felixctl.common import (
     Ctl,
@@ -45,17 +45,21 @@ def stream() -> None:
               help="Keep at most this many records per shard.")
 @click.option("--retention-max-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Drop records older than this.")
+@click.option("--retention-mode", type=click.Choice(RETENTION_MODES), default="safe", show_default=True,
+              help="safe: a queue never trims a record a group has not finished; bounded: the limits win "
+              "and groups count the records they lose.")
 @click.option("--max-payload", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Largest payload accepted (default 1 MiB).")
 @pass_ctl
 def create(
     ctl: Ctl, stream: str, kind: str, shards: int, replication: int, consistency: str,
-    retention_max_len: int | None, retention_max_age: int | None, max_payload: int | None,
+    retention_max_len: int | None, retention_max_age: int | None, retention_mode: str, max_payload: int | None,
 ) -> None:
     """Create STREAM (a no-op if it exists with the same settings)."""
     created = ctl.client.stream_create(
         *ctl.where(stream), kind=kind, shards=shards, replication=replication, consistency=consistency,
         retention_max_len=retention_max_len, retention_max_age=retention_max_age, max_payload=max_payload,
+        retention_mode=retention_mode,
     )
     state = "created" if created else "exists already with the same settings"
     click.echo(f"stream {ctl.path(stream)} {state} ({kind}, {shards} shard{'s' if shards != 1 else ''})")
@@ -66,7 +70,8 @@ def stream_json(info: StreamInfo) -> dict[str, Any]:
         "tenant": info.tenant, "namespace": info.namespace, "stream": info.stream, "kind": info.kind,
         "shards": info.shards, "replication": info.replication, "consistency": info.consistency,
         "retention_max_len": info.retention_max_len, "retention_max_age": info.retention_max_age,
-        "max_payload": info.max_payload, "created_at": info.created_at.isoformat(timespec="seconds"),
+        "retention_mode": info.retention_mode, "max_payload": info.max_payload,
+        "created_at": info.created_at.isoformat(timespec="seconds"),
         "groups": info.groups,
         "shard_states": [
             {"shard": s, "first": first, "tail": tail, "records": tail - first}
@@ -95,7 +100,7 @@ def describe(ctl: Ctl, stream: str, output: str) -> None:
         ("kind", info.kind),
         ("shards", str(info.shards)),
         ("replication", f"{info.replication} (consistency {info.consistency})"),
-        ("retention", ", ".join(retention) or "none"),
+        ("retention", (", ".join(retention) + f" ({info.retention_mode})") if retention else "none"),
         ("max payload", f"{info.max_payload} bytes"),
         ("created", info.created_at.isoformat(timespec="seconds")),
         ("groups", ", ".join(info.groups) or "-"),
@@ -129,6 +134,16 @@ def list_(ctl: Ctl, everywhere: bool, output: str) -> None:
 @pass_ctl
 def delete(ctl: Ctl, stream: str, yes: bool) -> None:
     """Delete STREAM with all its records and groups."""
-    confirm(f"Delete stream {ctl.path(stream)} with all its records and groups?", yes=yes, what="stream delete")
+    confirm(f"Delete stream {ctl.path(stream)} with all its records and groups?", yes=yes, what="stream delete",
+            interactive_only=True)
     ctl.client.stream_delete(*ctl.where(stream))
     click.echo(f"stream {ctl.path(stream)} deleted")
+
+
+@stream.command("trim", epilog=examples("felixctl stream trim jobs"))
+@stream_argument
+@pass_ctl
+def trim(ctl: Ctl, stream: str) -> None:
+    """Apply STREAM's retention now (publishing also trims as the log grows)."""
+    trimmed = ctl.client.stream_trim(*ctl.where(stream))
+    click.echo(f"stream {ctl.path(stream)}: {trimmed} record{'s' if trimmed != 1 else ''} trimmed")

@@ -15,7 +15,8 @@
 -- (no ARGV)
 --
 -- Returns: {position, tail, next, owed, in_flight, dead, oldest unfinished age ms (-1:
--- none), trimmed, vt_ms, max_attempts, now ms}. position is the smallest unfinished
+-- none), trimmed, vt_ms, max_attempts, now ms}. next and trimmed include records
+-- retention removed before the group polled past them. position is the smallest unfinished
 -- offset (redriven records included); owed counts lapsed leases too.
 -- Errors: FELIX_NOT_FOUND, FELIX_WRONGTYPE.
 --- @include "group"
@@ -23,6 +24,8 @@ local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
 local position = S.pos
+-- everything delivered is finished and retention removed what came next
+if S.pos == S.next and S.first > S.pos then position = S.first end
 local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
 if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
 local lapsed = redis.call('ZCOUNT', K.lease, '-inf', now)
@@ -36,5 +39,7 @@ if position < S.tail then
     age = math.max(0, now - tonumber(ms))
   end
 end
-return {position, S.tail, S.next, owed, in_flight, redis.call('HLEN', K.dead), age, S.trimmed,
+-- records retention removed before this group got to them, not yet counted by a poll
+local lost = math.max(0, S.first - S.next)
+return {position, S.tail, S.next + lost, owed, in_flight, redis.call('HLEN', K.dead), age, S.trimmed + lost,
   S.vt, S.max, now}

@@ -12,7 +12,8 @@
 -- ARGV[4] idle_ms      integer, milliseconds the producer state is kept after its last use
 -- ARGV[5..] payloads   1..10000 payloads (bytes)
 --
--- Returns: {first offset, count, publish time ms, 1 if a duplicate re-send else 0}.
+-- Returns: {first offset, count, publish time ms, 1 if a duplicate re-send else 0, first
+-- offset kept in the log (the client trims when the log outgrows its retention)}.
 -- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (oversize payload, bad
 -- argument), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
 local count = #ARGV - 4
@@ -22,7 +23,7 @@ local seq = int_arg(ARGV[3], 'sequence', 0, 2 ^ 52)
 local idle = int_arg(ARGV[4], 'producer idle_ms', 1, 2 ^ 40)
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
-local m = redis.call('HMGET', KEYS[1], 'tail', 'max_payload', 'created')
+local m = redis.call('HMGET', KEYS[1], 'tail', 'max_payload', 'created', 'first')
 if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 local tail, max_payload, epoch = tonumber(m[1]), tonumber(m[2]), m[3]
 for i = 5, #ARGV do
@@ -45,7 +46,7 @@ if pid ~= '' then
             .. fmt(count))
         end
         redis.call('PEXPIRE', KEYS[3], idle)
-        return {tonumber(first), count, tonumber(ms), 1}
+        return {tonumber(first), count, tonumber(ms), 1, tonumber(m[4])}
       elseif seq < last then
         fail('SEQUENCE', 'sequence ' .. fmt(seq) .. ' is older than the last one (' .. fmt(last) .. ')')
       elseif seq > last + 1 then
@@ -69,4 +70,4 @@ if pid ~= '' then
   redis.call('SET', KEYS[3], epoch .. ' ' .. fmt(seq) .. ' ' .. fmt(tail) .. ' ' .. fmt(count) .. ' ' .. ms,
     'PX', idle)
 end
-return {tail, count, now, 0}
+return {tail, count, now, 0, tonumber(m[4])}

@@ -14,6 +14,8 @@
 -- ARGV[9] name         'tenant/namespace/stream', for display
 -- ARGV[10] check       '1': validate only and write nothing (the caller checks every
 --                      shard before it writes any); '0': create
+-- ARGV[11] mode        retention mode: 'safe' (a queue never trims what a group has not
+--                      finished) or 'bounded' (limits win; groups count what they lose)
 --
 -- Returns: 1 when created, 0 when it existed with the same settings (or check=1).
 -- Errors: FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
@@ -29,12 +31,14 @@ end
 int_arg(ARGV[6], 'retention_max_len', 0, 2 ^ 52)
 int_arg(ARGV[7], 'retention_max_age', 0, 2 ^ 52)
 int_arg(ARGV[8], 'max_payload', 1, 536870912)
+local mode = ARGV[11]
+if mode ~= 'safe' and mode ~= 'bounded' then fail('INVALID', "retention mode must be 'safe' or 'bounded'") end
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 
 local settings = {'kind', kind, 'shards', ARGV[2], 'shard', ARGV[3], 'replication', ARGV[4],
   'consistency', consistency, 'max_len', ARGV[6], 'max_age', ARGV[7], 'max_payload', ARGV[8],
-  'name', ARGV[9]}
+  'name', ARGV[9], 'mode', mode}
 if redis.call('EXISTS', KEYS[1]) == 1 then
   for i = 1, #settings, 2 do
     local have = redis.call('HGET', KEYS[1], settings[i])

@@ -574,7 +574,7 @@ def test_7_raw_resend_gap_and_older_sequence(client: Client, unchanged: Any) -> 
         return from_response(str(info.value))
 
     with unchanged():
-        first, count, _ms, duplicate = send(1, b"a", b"b")
+        first, count, _ms, duplicate, _kept = send(1, b"a", b"b")
     assert (first, count, duplicate) == (0, 2, 1)
     with unchanged():
         assert isinstance(refused(3, b"x"), felix_redis.SequenceError)  # gap

@@ -176,7 +176,7 @@ def test_resend_of_held_sequence_returns_original_offsets(client: felix_redis.Cl
     client.stream_create(T, N, S)
     pid = client.idempotent_producer().id
     assert pid is not None
-    first, count, _ms, dup = run_publish_script(client, pid, 1, b"a", b"b")
+    first, count, _ms, dup, _kept = run_publish_script(client, pid, 1, b"a", b"b")
     assert (first, count, dup) == (0, 2, 0)
     again = run_publish_script(client, pid, 1, b"a", b"b")
     assert (again[0], again[1], again[3]) == (0, 2, 1)

@@ -243,6 +243,7 @@ def evals() -> dict[str, list[Eval]]:
     client.group_describe(t, n, s, g)
     client.group_delete(t, n, s, g)
     client.group_create(t, n, s, "other")
+    client.stream_trim(t, n, s)
     client.stream_delete(t, n, s)
     client.close()
     return seen
@@ -268,6 +269,12 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
             for i in range(0, len(groups), 10):
                 assert tuple(groups[i:i + 10]) == GROUP_ROLES
             assert "GROUP_ROLES" in header(name)
+        elif name == "stream_trim":
+            # KEYS[4..]: the group hash and redo zset of each group
+            assert roles[:3] == documented
+            rest = roles[3:]
+            assert len(rest) % 2 == 0
+            assert all(tuple(rest[i:i + 2]) == ("group", "redo") for i in range(0, len(rest), 2))
         else:
             assert roles == documented, f"{name}: Python passes {roles}, the header says {documented}"
 

@@ -148,7 +148,13 @@ end
 
 -- Records in [a, b] that retention trimmed before they were delivered: counted, finished.
 local function skip_trimmed(K, S, a, b)
-  for off = a, b do mark_done(K, S, off) end
+  if a == S.pos then
+    -- nothing unfinished before them: the position jumps over the whole run
+    S.pos = b + 1
+    while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+  else
+    for off = a, b do mark_done(K, S, off) end
+  end
   S.trimmed = S.trimmed + (b - a + 1)
   S.dirty = true
 end

@@ -1,0 +1,60 @@
+-- stream_trim: apply a shard's retention (records kept, age). For a queue in the default
+-- 'safe' mode, never trims a record that any group has not finished: the cut stops at
+-- the smallest group position. In 'bounded' mode (and for kind 'stream') it trims what
+-- the limits say; groups then count the records they lost (group 'trimmed') and never
+-- skip them silently. The caller lists the shard's groups and passes two keys of each;
+-- the script refuses if that list is out of date.
+--
+-- KEYS[1] meta       hash: settings (kind, mode, max_len, max_age), tail, first
+-- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] groups     set: names of the groups on this shard
+-- KEYS[4..] group keys, 2 per group: the group hash (pos) and its redo zset
+-- ARGV[1] count      integer, number of groups passed
+-- ARGV[2..] names    the group names, in the order of their keys
+--
+-- Returns: {records trimmed now, first offset kept}.
+-- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
+-- match), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
+local count = int_arg(ARGV[1], 'group count', 0, 100000)
+if #ARGV ~= count + 1 or #KEYS ~= 3 + 2 * count then fail('INVALID', 'group keys do not match the count') end
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'stream')
+expect_type(KEYS[3], 'set')
+for g = 0, count - 1 do
+  expect_type(KEYS[4 + 2 * g], 'hash')
+  expect_type(KEYS[5 + 2 * g], 'zset')
+end
+local m = redis.call('HMGET', KEYS[1], 'tail', 'first', 'max_len', 'max_age', 'kind', 'mode')
+if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
+for i = 1, count do
+  if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then fail('CONFLICT', 'the groups changed; retry') end
+end
+local tail, first = tonumber(m[1]), tonumber(m[2])
+local max_len, max_age = tonumber(m[3]), tonumber(m[4])
+local cut = first
+if max_len > 0 and tail - max_len > cut then cut = tail - max_len end
+if max_age > 0 then
+  -- records are in publish-time order: walk from the oldest kept, at most 1000 per call
+  local oldest_kept = now_ms() - max_age * 1000
+  local entries = redis.call('XRANGE', KEYS[2], fmt(cut), '+', 'COUNT', 1000)
+  local age_cut = cut
+  for _, e in ipairs(entries) do
+    local off, ms = parse_id(e[1])
+    if tonumber(ms) >= oldest_kept then break end
+    age_cut = off + 1
+  end
+  if age_cut > cut then cut = age_cut end
+end
+if m[5] == 'queue' and m[6] ~= 'bounded' then
+  for g = 0, count - 1 do
+    local pos = tonumber(redis.call('HGET', KEYS[4 + 2 * g], 'pos'))
+    local redo = redis.call('ZRANGE', KEYS[5 + 2 * g], 0, 0, 'WITHSCORES')
+    if #redo > 0 and tonumber(redo[2]) < pos then pos = tonumber(redo[2]) end
+    if pos and pos < cut then cut = pos end
+  end
+end
+if cut <= first then return {0, first} end
+redis.call('XTRIM', KEYS[2], 'MINID', fmt(cut))
+redis.call('HSET', KEYS[1], 'first', fmt(cut))
+return {cut - first, cut}

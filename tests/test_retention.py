@@ -1,0 +1,187 @@
+"""Retention: per-stream limits by length and age, 'safe' for queues by default (never
+trims what a group has not finished), 'bounded' on request (trims, and every group counts
+what it lost), and a clear error when a trimmed dead letter is redriven."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import felix_redis
+from felixctl.cli import cli as felixctl
+
+T, N = "acme", "prod"
+
+
+def publish(client: felix_redis.Client, stream: str, count: int, shard: int = 0) -> None:
+    for start in range(0, count, 100):
+        client.publish_batch(T, N, stream, [f"r{i}".encode() for i in range(start, min(count, start + 100))],
+                             shard=shard)
+
+
+def firsts(client: felix_redis.Client, stream: str) -> list[int]:
+    return client.stream_describe(T, N, stream).firsts
+
+
+def drain(client: felix_redis.Client, stream: str, group: str, upto: int, shard: int = 0) -> list[int]:
+    """Polls and acks records until offset ``upto`` (exclusive) is handed out."""
+    seen: list[int] = []
+    while not seen or seen[-1] < upto - 1:
+        records = client.group_poll(T, N, stream, shard, group, max_records=min(100, upto - len(seen)))
+        assert records, "ran out of records"
+        client.group_ack_many(T, N, stream, shard, group, records)
+        seen += [r.offset for r in records]
+    return seen
+
+
+def test_safe_queue_never_trims_what_a_group_has_not_finished(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_len=50)
+    client.group_create(T, N, "q", "fast")
+    client.group_create(T, N, "q", "slow")
+    publish(client, "q", 200)
+    assert client.stream_trim(T, N, "q") == 0, "no group has finished anything"
+    drain(client, "q", "fast", 200)
+    drain(client, "q", "slow", 120)
+    client.stream_trim(T, N, "q")
+    assert firsts(client, "q") == [120], "the slow group's position holds the cut"
+    drain(client, "q", "slow", 200)
+    client.stream_trim(T, N, "q")
+    assert firsts(client, "q") == [150], "then the length limit decides"
+    for group in ("fast", "slow"):
+        shard = client.group_describe(T, N, "q", group).shards[0]
+        assert (shard.trimmed, shard.position, shard.lag) == (0, 200, 0)
+
+
+def test_unfinished_record_holds_the_cut_and_is_delivered_later(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_len=10)
+    client.group_create(T, N, "q", "g")
+    publish(client, "q", 30)
+    first, *rest = client.group_poll(T, N, "q", 0, "g", max_records=30)
+    client.group_ack_many(T, N, "q", 0, "g", rest)
+    client.group_nack(T, N, "q", 0, "g", first)
+    publish(client, "q", 100)  # publishing trims too
+    assert firsts(client, "q") == [0], "offset 0 is owed, so nothing may go"
+    (again,) = client.group_poll(T, N, "q", 0, "g", max_records=1)
+    assert (again.offset, again.attempts, again.payload) == (0, 2, b"r0")
+
+
+def test_publishing_applies_retention_as_the_log_grows(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_len=100)
+    client.group_create(T, N, "q", "g")
+    publish(client, "q", 100)
+    drain(client, "q", "g", 100)
+    publish(client, "q", 300)
+    info = client.stream_describe(T, N, "q")
+    assert info.firsts[0] == 100, "the finished records were trimmed while publishing, no others"
+    drain(client, "q", "g", 400)
+    client.publish(T, N, "q", b"one more")
+    info = client.stream_describe(T, N, "q")
+    assert info.tails[0] - info.firsts[0] <= 100 + 10 + 1, "at most the limit plus its slack"
+
+
+def test_stream_without_groups_trims_to_the_limit(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_len=25, shards=2)
+    publish(client, "q", 60, shard=0)
+    publish(client, "q", 10, shard=1)
+    client.stream_trim(T, N, "q")  # publishing already trimmed most of it
+    assert firsts(client, "q") == [35, 0]
+    assert client.stream_trim(T, N, "q") == 0, "trimming again changes nothing"
+    records = client.read(T, N, "q", 0, 0, 100)
+    assert [r.offset for r in records] == list(range(35, 60)), "reads start at the first record kept"
+
+
+def test_bounded_mode_counts_every_record_a_group_lost(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "b", retention_max_len=20, retention_mode="bounded")
+    client.group_create(T, N, "b", "g")
+    publish(client, "b", 10)
+    held = client.group_poll(T, N, "b", 0, "g", max_records=3)  # offsets 0-2 in flight
+    owed = held[1]
+    client.group_nack(T, N, "b", 0, "g", owed)  # offset 1 owed
+    publish(client, "b", 90)
+    client.stream_trim(T, N, "b")
+    assert firsts(client, "b") == [80]
+    before = client.group_describe(T, N, "b", "g").shards[0]
+    assert before.trimmed == 80 - 3, "never-delivered records the group lost are counted at once"
+    assert client.group_ack(T, N, "b", 0, "g", held[0]), "an ack needs no record"
+    records = client.group_poll(T, N, "b", 0, "g", max_records=100)
+    assert [r.offset for r in records] == list(range(80, 100)), "the owed record went with the log"
+    client.group_ack_many(T, N, "b", 0, "g", [*records, held[2]])
+    after = client.group_describe(T, N, "b", "g").shards[0]
+    assert after.trimmed == 80 - 3 + 1, "the owed offset 1 counts as lost too"
+    assert (after.position, after.lag, after.owed, after.in_flight) == (100, 0, 0, 0)
+
+
+def test_kind_stream_trims_whatever_the_groups_hold(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "log", kind="stream", retention_max_len=10)
+    client.group_create(T, N, "log", "g")
+    publish(client, "log", 50)
+    client.stream_trim(T, N, "log")
+    assert firsts(client, "log") == [40]
+    assert client.group_describe(T, N, "log", "g").shards[0].trimmed == 40
+
+
+def test_age_limit(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_age=1)
+    publish(client, "q", 30)
+    assert client.stream_trim(T, N, "q") == 0, "nothing is a second old yet"
+    time.sleep(1.1)
+    publish(client, "q", 5)
+    client.stream_trim(T, N, "q")
+    assert firsts(client, "q") == [30], "only the records older than a second went"
+
+
+def test_redriving_a_trimmed_dead_letter_is_a_clear_error(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "b", retention_max_len=5, retention_mode="bounded")
+    client.group_create(T, N, "b", "g")
+    publish(client, "b", 2)
+    poison, fine = client.group_poll(T, N, "b", 0, "g", max_records=2)
+    client.group_dead_letter(T, N, "b", 0, "g", poison, reason="bad")
+    client.group_ack(T, N, "b", 0, "g", fine)
+    publish(client, "b", 20)
+    client.stream_trim(T, N, "b")
+    with pytest.raises(felix_redis.NotFound, match="trimmed"):
+        client.group_redrive(T, N, "b", 0, "g", [0])
+    assert client.group_redrive(T, N, "b", 0, "g") == 0, "redrive of all leaves trimmed ones in place"
+    assert [d.offset for d in client.group_dead_letters(T, N, "b", 0, "g")] == [0]
+    assert client.group_discard(T, N, "b", 0, "g", [0]) == 1
+
+
+def test_safe_queue_after_soak_keeps_no_group_state(client: felix_redis.Client, backend: tuple[str, object]) -> None:
+    client.stream_create(T, N, "q", retention_max_len=100)
+    client.group_create(T, N, "q", "g")
+    for _ in range(10):
+        publish(client, "q", 200)
+        records = client.group_poll(T, N, "q", 0, "g", max_records=200)
+        client.group_ack_many(T, N, "q", 0, "g", records)
+    client.stream_trim(T, N, "q")
+    raw = backend[1]
+    keys = client.group_keys(T, N, "q", "g")[0]
+    for role in ("lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner"):
+        assert not raw.exists(keys[role]), f"{role} left behind"
+    assert raw.xlen(keys["log"]) == 100
+
+
+def test_retention_settings_are_validated_and_shown(client: felix_redis.Client) -> None:
+    with pytest.raises(felix_redis.InvalidArgument, match="retention_mode"):
+        client.stream_create(T, N, "x", retention_mode="sometimes")
+    client.stream_create(T, N, "x", retention_max_len=5, retention_mode="bounded")
+    info = client.stream_describe(T, N, "x")
+    assert (info.retention_max_len, info.retention_mode) == (5, "bounded")
+    with pytest.raises(felix_redis.StreamExists):
+        client.stream_create(T, N, "x", retention_max_len=5)
+
+
+def test_cli_stream_trim(backend: tuple[str, object], client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "q", retention_max_len=5)
+    client.group_create(T, N, "q", "g")
+    publish(client, "q", 20)  # the group holds everything: nothing trimmed yet
+    drain(client, "q", "g", 20)
+    runner = CliRunner()
+    args = ["--redis-url", backend[0], "--tenant", T, "--namespace", N]
+    result = runner.invoke(felixctl, [*args, "stream", "trim", "q"])
+    assert result.exit_code == 0, result.output
+    assert "15 records trimmed" in result.output
+    result = runner.invoke(felixctl, [*args, "stream", "describe", "q"])
+    assert "bounded" not in result.output and "(safe)" in result.output
