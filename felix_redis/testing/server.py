@@ -166,9 +166,15 @@ class RedisServer:
         self.stop()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            if self.process is not None and self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        # may run at interpreter shutdown, when modules are half torn down
+        process = getattr(self, "process", None)
+        if process is None:
+            return
+        try:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager
