@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -171,6 +173,7 @@ def describe_text(info: GroupInfo) -> str:
 @group.command("describe", epilog=examples(
     "felixctl group describe jobs workers",
     "felixctl group describe jobs workers -o json",
+    "felixctl group describe jobs workers --watch 2     # refresh every 2 s until Ctrl-C",
     note="Per shard: POSITION is the first unfinished offset, TAIL the next offset to be published, "
     "LAG = TAIL - POSITION, PENDING the records never delivered, IN-FLIGHT those under a lease, OWED those "
     "waiting for redelivery (nacked, lapsed, redriven), DEAD the dead letters.",
@@ -178,18 +181,39 @@ def describe_text(info: GroupInfo) -> str:
 @stream_argument
 @group_argument
 @output_option()
+@click.option("--watch", "watch_s", type=click.FloatRange(min=0.1), default=None, is_flag=False, flag_value=1.0,
+              metavar="[SECONDS]", help="Refresh the table in place every SECONDS (default 1) until Ctrl-C.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="With --watch: stop after this many refreshes.")
 @pass_ctl
-def describe(ctl: Ctl, stream: str, group: str, output: str) -> None:
+def describe(ctl: Ctl, stream: str, group: str, output: str, watch_s: float | None, count: int | None) -> None:
     """Show the group's state on every shard.
 
     Columns: position, tail, lag, pending, in-flight, owed, dead and the age of the
     oldest unfinished record.
     """
-    info = ctl.client.group_describe(*ctl.where(stream), group)
+    if watch_s is None:
+        info = ctl.client.group_describe(*ctl.where(stream), group)
+        if output == "json":
+            emit_json(group_json(info))
+        else:
+            click.echo(describe_text(info))
+        return
     if output == "json":
-        emit_json(group_json(info))
-    else:
-        click.echo(describe_text(info))
+        raise click.UsageError("--watch refreshes a table; use it without -o json")
+    refreshes = 0
+    try:
+        while count is None or refreshes < count:
+            info = ctl.client.group_describe(*ctl.where(stream), group)
+            # home the cursor and clear the screen, then draw: the table is refreshed in place
+            click.echo("\x1b[H\x1b[2J" if sys.stdout.isatty() else "", nl=False)
+            click.echo(f"{ctl.path(stream)} group {group}, every {watch_s:g} s (Ctrl-C to stop)\n")
+            click.echo(describe_text(info))
+            refreshes += 1
+            if count is None or refreshes < count:
+                time.sleep(watch_s)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(0) from None
 
 
 @group.command("keys", epilog=examples(

@@ -491,3 +491,13 @@ def test_escape_round_trips_and_stays_on_one_line(payload: bytes) -> None:
     escaped = escape_payload(payload)
     assert b"\n" not in escaped and b"\t" not in escaped and b"\r" not in escaped
     assert unescape_payload(escaped) == payload
+
+
+def test_group_describe_watch_refreshes(felixctl: Run) -> None:
+    ok(felixctl("stream", "create", "jobs"))
+    ok(felixctl("group", "create", "jobs", "workers"))
+    out = ok(felixctl("group", "describe", "jobs", "workers", "--watch", "0.1", "--count", "3"))
+    assert out.count("group workers, every 0.1 s") == 3
+    assert out.count("LAG") == 3
+    usage = felixctl("group", "describe", "jobs", "workers", "--watch", "-o", "json")
+    assert usage.exit_code == 2 and "--watch" in usage.stderr
