@@ -39,8 +39,8 @@ def _reason(exc: BaseException) -> str:
     return " ".join(text.split())[:400]
 
 
-def _drive(name: str, cfg: Config, repeat: int, out: Connection) -> None:
-    """Driver process body: set up, run ``repeat`` rounds of every scenario, clean up."""
+def _drive(name: str, cfg: Config, out: Connection) -> None:
+    """Driver process body: set up, run every scenario once, clean up."""
     os.setsid()
     try:
         system = system_class(name)(cfg)
@@ -51,25 +51,19 @@ def _drive(name: str, cfg: Config, repeat: int, out: Connection) -> None:
     try:
         scenarios = system.scenarios()
         out.send(("plan", [(s.name, s.group, s.kind, s.floor_name) for s in scenarios]))
-        skip: set[str] = set()
-        for rep in range(repeat):
-            for scenario in scenarios:
-                if scenario.name in skip:
-                    continue
-                out.send(("start", scenario.name, rep))
-                try:
-                    system.reset()
-                    sample = scenario.run()
-                except Unavailable as exc:
-                    skip.add(scenario.name)
-                    out.send(("unavailable", scenario.name, _reason(exc)))
-                except (BenchFailure, Exception) as exc:
-                    skip.add(scenario.name)
-                    if not isinstance(exc, BenchFailure):
-                        traceback.print_exc()
-                    out.send(("failed", scenario.name, _reason(exc)))
-                else:
-                    out.send(("sample", scenario.name, asdict(sample)))
+        for scenario in scenarios:
+            out.send(("start", scenario.name))
+            try:
+                system.reset()
+                sample = scenario.run()
+            except Unavailable as exc:
+                out.send(("unavailable", scenario.name, _reason(exc)))
+            except (BenchFailure, Exception) as exc:
+                if not isinstance(exc, BenchFailure):
+                    traceback.print_exc()
+                out.send(("failed", scenario.name, _reason(exc)))
+            else:
+                out.send(("sample", scenario.name, asdict(sample)))
         system.reset()
     finally:
         try:
@@ -79,10 +73,10 @@ def _drive(name: str, cfg: Config, repeat: int, out: Connection) -> None:
         out.send(("end",))
 
 
-def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], None]) -> list[Outcome]:
-    """Run one system in a driver process; returns one :class:`Outcome` per scenario."""
+def run_system(name: str, cfg: Config, progress: Callable[[str], None], label: str = "") -> list[Outcome]:
+    """One round of one system in a driver process: one :class:`Outcome` per scenario."""
     recv, send = CTX.Pipe(duplex=False)
-    proc = CTX.Process(target=_drive, args=(name, cfg, repeat, send), name=f"bench-{name}")
+    proc = CTX.Process(target=_drive, args=(name, cfg, send), name=f"bench-{name}")
     proc.start()
     send.close()
     pid = proc.pid
@@ -108,7 +102,7 @@ def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], No
                     outcomes[scen] = Outcome(name, scen, group, skind, floor)
             elif kind == "start":
                 current = event[1]
-                progress(f"{name} {current} (round {event[2] + 1}/{repeat})")
+                progress(f"{name} {current} ({label})" if label else f"{name} {current}")
                 started = time.monotonic()
             elif kind == "sample":
                 sample = Sample(**event[2])
@@ -136,11 +130,24 @@ def run_system(name: str, cfg: Config, repeat: int, progress: Callable[[str], No
             kill_group(pid)
             proc.join(5)
         recv.close()
-    for outcome in outcomes.values():
-        if outcome.status == "failed" and outcome.samples:
-            outcome.status = "ok"
-            outcome.reason = f"some rounds failed: {outcome.reason}"
     return list(outcomes.values())
+
+
+def merge(rounds: list[list[Outcome]]) -> list[Outcome]:
+    """Join the rounds of one system: samples add up; a row is ok if any round measured it."""
+    merged: dict[str, Outcome] = {}
+    for outcomes in rounds:
+        for o in outcomes:
+            into = merged.setdefault(o.scenario, Outcome(o.system, o.scenario, o.group, o.kind, o.floor, o.status))
+            into.samples += o.samples
+            if o.status != "ok":
+                into.status, into.reason = o.status, o.reason
+    if len(merged) > 1:
+        merged.pop("", None)
+    for o in merged.values():
+        if o.status != "ok" and o.samples:
+            o.status, o.reason = "ok", f"some rounds {o.status}: {o.reason}"
+    return list(merged.values())
 
 
 def describe(sample: Sample) -> str:

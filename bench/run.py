@@ -20,7 +20,7 @@ from typing import Any
 
 from bench import report
 from bench.core import Config
-from bench.driver import Outcome, run_system
+from bench.driver import Outcome, merge, run_system
 from bench.systems import FLOOR, SYSTEMS
 
 DEFAULT_OUT = "bench/results/latest.json"
@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     from felix_redis.testing.server import RedisServer
 
     log_dir = tempfile.mkdtemp(prefix="felix-bench-logs-")
-    outcomes: list[Outcome] = []
     started = time.monotonic()
     load_before = os.getloadavg()
     with RedisServer() as server:
@@ -141,8 +140,15 @@ def main(argv: list[str] | None = None) -> int:
             run_id=f"felixbench-{uuid.uuid4().hex[:8]}",
             log_dir=log_dir,
         )
-        for name in names:
-            outcomes += run_system(name, cfg, args.repeat, progress)
+        # Round-robin, so that a change in the machine's load hits every system alike.
+        rounds: dict[str, list[list[Outcome]]] = {name: [] for name in names}
+        for rep in range(args.repeat):
+            for name in names:
+                done = rounds[name]
+                if done and all(o.status == "unavailable" and not o.scenario for o in done[0]):
+                    continue
+                done.append(run_system(name, cfg, progress, f"round {rep + 1}/{args.repeat}"))
+        outcomes = [o for name in names for o in merge(rounds[name])]
     rows = report.summarize(outcomes)
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -241,6 +241,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dead_before_discard = sum(s.dead for s in info.shards)
         for shard in range(args.shards):
             client.group_discard(T, N, S, shard, G)
+        # retention trims as publishing goes on, up to what the group finished by then;
+        # once everything is finished, apply it once more (a publisher would, too)
+        client.stream_trim(T, N, S)
         final = client.group_describe(T, N, S, G)
         assert all(s.position == s.tail and s.dead == 0 and s.in_flight == 0 and s.owed == 0 for s in final.shards)
         lengths = [int(raw.xlen(k["log"])) for k in client.group_keys(T, N, S, G).values()]
