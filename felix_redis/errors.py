@@ -100,6 +100,10 @@ def from_response(message: str) -> FelixError | None:
         return WrongKeyType(message)
     if message.startswith("NOPERM") or "NOPERM" in message[:40]:
         return PermissionDenied(message)
+    if message.startswith("this user has no permissions") or "user executing the script can't" in message:
+        # ACL refusals: redis-py drops the NOPERM code; inside a script Redis 7.0 words it so
+        return PermissionDenied(f"{message} (Redis ACL: this user holds no felix-redis role that covers "
+                                "these keys or this command; see docs/security.md)")
     return None
 
 

@@ -17,10 +17,13 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- ARGV[1..] offsets   1..10000 offsets (integers) of delivered records
 --
+-- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: one status per offset: 1 acked now, 0 already finished.
--- Errors: FELIX_NOT_FOUND (stream, shard, group; an offset never delivered), FELIX_INVALID,
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard, group; an offset never delivered), FELIX_INVALID,
 -- FELIX_WRONGTYPE. All offsets are checked before anything is written.
 --- @include "group"
+require_group_role('group.consume')
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
 local ms = {}
 for i = 1, #ARGV do ms[i] = fmt(int_arg(ARGV[i], 'offset', 0, 2 ^ 52)) end

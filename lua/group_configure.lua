@@ -17,9 +17,12 @@
 -- ARGV[2] max_attempts  integer 1..1000000, or '' to keep
 -- ARGV[3] check         '1': validate only and write nothing; '0': configure
 --
+-- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: {vt_ms, max_attempts} as now stored.
--- Errors: FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.manage')
 local K = group_keys()
 local vt, max
 if ARGV[1] ~= '' then vt = int_arg(ARGV[1], 'visibility_timeout_ms', 1, 604800000) end

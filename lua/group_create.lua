@@ -22,10 +22,13 @@
 -- ARGV[5] strict      '1': fail if the group exists; '0': return 0
 -- ARGV[6] check       '1': validate only and write nothing; '0': create
 --
+-- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1 when created, 0 when it existed (strict=0) or check=1.
--- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
+-- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
 -- FELIX_INVALID (bad start, timeout or attempts), FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.manage')
 local K = group_keys()
 local name, start = ARGV[1], ARGV[2]
 local vt = int_arg(ARGV[3], 'visibility_timeout_ms', 1, 604800000)

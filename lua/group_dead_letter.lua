@@ -18,9 +18,12 @@
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] reason      text, at most 4096 bytes
 --
+-- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1.
--- Errors: FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.consume')
 local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
 local reason = ARGV[3] or ''

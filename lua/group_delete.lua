@@ -17,9 +17,12 @@
 -- ARGV[1] name       the group name
 -- ARGV[2] check      '1': validate only and write nothing; '0': delete
 --
+-- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1 when deleted (or, with check=1, when it exists), 0 when it does not.
--- Errors: FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.manage role), FELIX_INVALID (keys of another shard), FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.manage')
 local K = group_keys()
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
 expect_type(KEYS[13], 'set')

@@ -17,10 +17,13 @@
 -- ARGV[2] cursor      HSCAN cursor for 'all' ('0' to start), ignored for 'list'
 -- ARGV[3..] offsets   for 'list': 1..10000 offsets (integers) of dead letters
 --
+-- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: {records discarded, next cursor ('0' when done)}.
--- Errors: FELIX_NOT_FOUND (group; an offset that is not a dead letter), FELIX_INVALID,
+-- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND (group; an offset that is not a dead letter), FELIX_INVALID,
 -- FELIX_WRONGTYPE. In 'list' mode every offset is checked before anything is written.
 --- @include "group"
+require_group_role('group.manage')
 local mode = ARGV[1]
 local K = group_keys()
 load_group(K)

@@ -17,9 +17,12 @@
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] by_ms       integer 1..604800000, or '' for the group's visibility timeout
 --
+-- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: the new lease expiry, ms since the epoch.
--- Errors: FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.consume')
 local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
 local by

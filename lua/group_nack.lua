@@ -17,10 +17,13 @@
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] delay_ms    integer 0..604800000, redeliver no sooner than this
 --
+-- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1 when owed again, 2 when it became a dead letter.
--- Errors: FELIX_STALE_CLAIM (lease lapsed, redelivered or finished), FELIX_NOT_FOUND,
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_STALE_CLAIM (lease lapsed, redelivered or finished), FELIX_NOT_FOUND,
 -- FELIX_INVALID (negative or huge delay, bad number), FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.consume')
 local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
 local delay = int_arg(ARGV[3], 'delay_ms', 0, 604800000)

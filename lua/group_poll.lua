@@ -21,10 +21,13 @@
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
 --
+-- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: {now ms, next due ms (-1: none), tail, wake sequence, n, then n times:
 -- offset, attempts, publish ms, key (nil when none), payload}.
--- Errors: FELIX_NOT_FOUND (stream, shard or group), FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group), FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
+require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'
 local K = group_keys()

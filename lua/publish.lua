@@ -12,10 +12,14 @@
 -- ARGV[4] idle_ms      integer, milliseconds the producer state is kept after its last use
 -- ARGV[5..] payloads   1..10000 payloads (bytes)
 --
+-- Role: stream.publish, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:publish, derived from KEYS[1]; never passed nor accessed.
 -- Returns: {first offset, count, publish time ms, 1 if a duplicate re-send else 0, first
 -- offset kept in the log (the client trims when the log outgrows its retention)}.
--- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (oversize payload, bad
+-- Errors: FELIX_NOPERM (no stream.publish role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (oversize payload, bad
 -- argument), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
+--- @include "acl"
+require_stream_role('stream.publish')
 local count = #ARGV - 4
 if count < 1 or count > 10000 then fail('INVALID', 'a publish carries 1 to 10000 payloads') end
 local key, pid = ARGV[1], ARGV[2]

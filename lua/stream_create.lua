@@ -17,9 +17,13 @@
 -- ARGV[11] mode        retention mode: 'safe' (a queue never trims what a group has not
 --                      finished) or 'bounded' (limits win; groups count what they lose)
 --
+-- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
 -- Returns: 1 when created, 0 when it existed with the same settings (or check=1).
--- Errors: FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
+-- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
 -- settings; names the first that differs), FELIX_WRONGTYPE.
+--- @include "acl"
+require_stream_role('stream.admin')
 local kind, consistency = ARGV[1], ARGV[5]
 if kind ~= 'queue' and kind ~= 'stream' then fail('INVALID', "kind must be 'queue' or 'stream'") end
 local shards = int_arg(ARGV[2], 'shards', 1, 1024)

@@ -10,11 +10,15 @@
 -- ARGV[1] count     integer, number of groups passed
 -- ARGV[2..] names   the group names, in the order of their keys
 --
+-- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
 -- Returns: 1 when deleted, 0 when the shard did not exist (safe to run twice).
--- Errors: FELIX_INVALID (arguments do not match), FELIX_CONFLICT (the group list changed
+-- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (arguments do not match), FELIX_CONFLICT (the group list changed
 -- since the caller read it: read again and retry), FELIX_WRONGTYPE (any key passed,
 -- group and producer keys included, holds another type: nothing is deleted).
 --- @include "roles"
+--- @include "acl"
+require_stream_role('stream.admin')
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
 if #ARGV ~= count + 1 or #KEYS < 3 + 10 * count then fail('INVALID', 'group keys do not match the count') end
 expect_type(KEYS[1], 'hash')

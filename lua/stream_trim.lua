@@ -12,9 +12,13 @@
 -- ARGV[1] count      integer, number of groups passed
 -- ARGV[2..] names    the group names, in the order of their keys
 --
+-- Role: stream.publish or stream.admin, checked first (lua/includes/acl.lua) on the capability key
+-- PREFIXcap:{TAG}:publish or PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
 -- Returns: {records trimmed now, first offset kept}.
--- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
+-- Errors: FELIX_NOPERM (no stream.publish or stream.admin role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
 -- match), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
+--- @include "acl"
+require_stream_role('stream.publish', 'stream.admin')
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
 if #ARGV ~= count + 1 or #KEYS ~= 3 + 2 * count then fail('INVALID', 'group keys do not match the count') end
 expect_type(KEYS[1], 'hash')

@@ -71,7 +71,7 @@ def test_source_has_prelude_includes_and_epilogue(name: str) -> None:
     assert src.source.rstrip().endswith("return redis.error_reply(tostring(result))")
     assert "@include" not in src.source
     if '--- @include "group"' in src.body:
-        assert src.includes == ("prelude", "roles", "group")  # dependencies first
+        assert src.includes == ("prelude", "roles", "acl", "group")  # dependencies first
 
 
 # ---------------------------------------------------------------------------- loader
@@ -320,6 +320,8 @@ HELPER_ERRORS = {
     "expect_type": {"WRONGTYPE"},
     "load_group": {"NOT_FOUND", "WRONGTYPE"},
     "check_claim": {"NOT_FOUND", "STALE_CLAIM"},
+    "require_group_role": {"NOPERM", "INVALID"},
+    "require_stream_role": {"NOPERM", "INVALID"},
 }
 
 

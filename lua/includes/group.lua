@@ -5,6 +5,7 @@
 --   KEYS[11] byowner, KEYS[12] wake
 
 --- @include "roles"
+--- @include "acl"
 
 local GROUP_KEY_TYPES = {{'meta', 'hash'}, {'log', 'stream'}}
 for _, rt in ipairs(GROUP_ROLE_TYPES) do GROUP_KEY_TYPES[#GROUP_KEY_TYPES + 1] = rt end
