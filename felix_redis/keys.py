@@ -114,3 +114,25 @@ def registry_key(prefix: str) -> str:
 def producer_ids_key(prefix: str) -> str:
     """The counter idempotent producers take their ids from."""
     return f"{prefix}:producer-ids"
+
+
+#: Roles granted per group and the capability-key suffix that stands for each.
+GROUP_ROLE_CAPS = {"group.consume": "consume", "group.manage": "manage"}
+#: Roles granted per stream and their capability-key suffixes.
+STREAM_ROLE_CAPS = {"stream.publish": "publish", "stream.admin": "admin"}
+
+
+def capability_key(prefix: str, tag: str, role: str, group: str | None = None) -> str:
+    """The capability key of ``role`` (docs/security.md): ``PREFIXcap:{TAG}:g:GROUP:consume``
+    or ``...:manage`` for a group role, ``PREFIXcap:{TAG}:publish`` or ``...:admin`` for a
+    stream role. ``tag`` is ``tenant/namespace/stream/shard`` (``*`` as the shard gives the
+    ACL pattern for every shard). Scripts derive the same name from the shard's hash tag and
+    ask Redis ACL whether the caller may access it; the key itself never holds data."""
+    if role in GROUP_ROLE_CAPS:
+        if group is None:
+            raise InvalidArgument(f"role {role} is granted on a group: name the group")
+        return f"{prefix}cap:{{{tag}}}:g:{group}:{GROUP_ROLE_CAPS[role]}"
+    if role in STREAM_ROLE_CAPS:
+        return f"{prefix}cap:{{{tag}}}:{STREAM_ROLE_CAPS[role]}"
+    roles = ", ".join([*GROUP_ROLE_CAPS, *STREAM_ROLE_CAPS])
+    raise InvalidArgument(f"unknown role {role!r}; the roles are {roles}")

@@ -1,0 +1,57 @@
+"""``felixctl acl``: print (and apply) the Redis ACL rules of a felix-redis role."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from felix_redis import acl as felix_acl
+from felix_redis.errors import InvalidArgument
+from felixctl.common import Ctl, examples, pass_ctl
+
+
+@click.group(epilog=examples(
+    "felixctl acl grant alice --tenant acme --namespace prod --stream jobs --group workers --role group.consume"))
+def acl() -> None:
+    """Redis ACL rules for felix-redis roles (see docs/security.md)."""
+
+
+@acl.command(
+    "grant",
+    epilog=examples(
+        "felixctl acl grant alice --stream jobs --group workers --role group.consume",
+        "felixctl acl grant ops --stream jobs --group workers --role group.manage --apply",
+        "FELIX_PW=s3cret felixctl acl grant app --stream jobs --role stream.publish --password-from-env FELIX_PW "
+        "--apply",
+        note="Rules only add to what USER has; --reset starts the user over (and drops its passwords). "
+        "Set a password separately with ACL SETUSER USER >password, or with --password-from-env.",
+    ),
+)
+@click.argument("user")
+@click.option("--tenant", default=None, help="Tenant (default: the global --tenant).")
+@click.option("--namespace", default=None, help="Namespace (default: the global --namespace).")
+@click.option("--stream", required=True, help="The stream the role is granted on.")
+@click.option("--group", default=None, help="The group (group.consume and group.manage).")
+@click.option("--role", type=click.Choice(felix_acl.ROLES), required=True, help="The role to grant.")
+@click.option("--apply", "apply_", is_flag=True, help="Run the ACL SETUSER command on the server too.")
+@click.option("--reset", is_flag=True, help="Start the user over: 'reset' first (drops its passwords).")
+@click.option("--password-from-env", metavar="VAR", default=None,
+              help="Also set the password held in environment variable VAR (never printed).")
+@pass_ctl
+def grant(
+    ctl: Ctl, user: str, tenant: str | None, namespace: str | None, stream: str, group: str | None, role: str,
+    apply_: bool, reset: bool, password_from_env: str | None,
+) -> None:
+    """Print the ACL SETUSER command granting ROLE to USER; with --apply, run it."""
+    password = None
+    if password_from_env is not None:
+        password = os.environ.get(password_from_env)
+        if not password:
+            raise InvalidArgument(f"environment variable {password_from_env} is not set or empty")
+    rules = felix_acl.rules(role, tenant or ctl.tenant, namespace or ctl.namespace, stream, group)
+    args = felix_acl.setuser_args(user, rules, reset=reset, password=password)
+    click.echo(felix_acl.format_command(args))
+    if apply_:
+        felix_acl.grant(ctl.client, args)
+        click.echo(f"applied: {role} for user {user}", err=True)
