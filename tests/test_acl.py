@@ -1,0 +1,253 @@
+"""Roles and tenants with Redis ACL: real ACL users on the private redis-server."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import felix_redis
+from felix_redis import PermissionDenied, acl
+from felixctl.cli import cli
+from tests.conftest import dump_keyspace
+
+PW = "pw-secret-1"
+_users = itertools.count()
+
+
+def user_url(redis_url: str, user: str) -> str:
+    return redis_url.replace("redis://", f"redis://{user}:{PW}@", 1)
+
+
+@pytest.fixture
+def admin(raw: redis.Redis, redis_url: str) -> Iterator[felix_redis.Client]:
+    """The default user: two tenants, each with a 2-shard stream 'jobs' and groups."""
+    c = felix_redis.connect(redis_url)
+    for tenant in ("acme", "beta"):
+        c.stream_create(tenant, "prod", "jobs", shards=2)
+        c.group_create(tenant, "prod", "jobs", "workers")
+        c.group_create(tenant, "prod", "jobs", "other")
+        for i in range(6):
+            c.publish(tenant, "prod", "jobs", f"{tenant}-{i}".encode(), shard=i % 2)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def make_user(raw: redis.Redis, redis_url: str) -> Iterator[Callable[..., felix_redis.Client]]:
+    """make_user((role, tenant, stream, group), ...) -> a client connected as a new user."""
+    made: list[tuple[str, felix_redis.Client]] = []
+
+    def make(*grants: tuple[str, str, str, str | None]) -> felix_redis.Client:
+        user = f"felixtest{os.getpid()}x{next(_users)}"
+        for i, (role, tenant, stream, group) in enumerate(grants):
+            args = acl.setuser_args(user, acl.rules(role, tenant, "prod", stream, group),
+                                    password=PW if i == 0 else None)
+            acl.grant(raw, args)
+        c = felix_redis.connect(user_url(redis_url, user))
+        made.append((user, c))
+        return c
+
+    yield make
+    for user, c in made:
+        c.close()
+        raw.execute_command("ACL", "DELUSER", user)
+
+
+def test_consume_user_consumes_but_cannot_manage(admin: felix_redis.Client, make_user: Any, raw: redis.Redis) -> None:
+    u = make_user(("group.consume", "acme", "jobs", "workers"))
+    a = ("acme", "prod", "jobs")
+    recs = u.group_poll(*a, 0, "workers", max_records=3)
+    assert [r.payload for r in recs] == [b"acme-0", b"acme-2", b"acme-4"]
+    assert u.group_ack(*a, 0, "workers", recs[0].claim)
+    u.group_extend(*a, 0, "workers", recs[1].claim, by=60)
+    assert u.group_nack(*a, 0, "workers", recs[1].claim) is not None
+    u.group_dead_letter(*a, 0, "workers", recs[2].claim, reason="bad")
+    assert [d.offset for d in u.group_dead_letters(*a, 0, "workers")] == [2]
+    assert u.group_describe(*a, "workers").shards[0].dead == 1
+    assert u.group_poll(*a, 1, "workers", max_records=1, wait=0.05)  # long-poll path (XREAD) allowed
+    before = dump_keyspace(raw)
+    for op in (
+        lambda: u.group_redrive(*a, 0, "workers"),
+        lambda: u.group_discard(*a, 0, "workers", [2]),
+        lambda: u.group_configure(*a, "workers", max_attempts=9),
+        lambda: u.group_delete(*a, "workers"),
+    ):
+        with pytest.raises(PermissionDenied, match=r"group\.manage role on group workers of stream acme/prod/jobs"):
+            op()
+    with pytest.raises(PermissionDenied):
+        u.group_create(*a, "mine")
+    with pytest.raises(PermissionDenied, match="no felix-redis role"):
+        u.publish(*a, b"x")  # refused by key patterns: the producer keys are not the consumer's
+    assert dump_keyspace(raw) == before
+
+
+def test_consume_user_cannot_touch_another_group(admin: felix_redis.Client, make_user: Any,
+                                                 raw: redis.Redis) -> None:
+    u = make_user(("group.consume", "acme", "jobs", "workers"))
+    before = dump_keyspace(raw)
+    for op in (
+        lambda: u.group_poll("acme", "prod", "jobs", 0, "other"),
+        lambda: u.group_describe("acme", "prod", "jobs", "other"),
+        lambda: u.group_ack("acme", "prod", "jobs", 0, "other", 0),
+    ):
+        with pytest.raises(PermissionDenied):
+            op()
+    r = redis.Redis.from_url(user_url(_url(raw), _name(u)))
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.hgetall("felix:{acme/prod/jobs/0}:g:other")
+    # raw writes on the log (publishing around the scripts) are not granted to a consumer
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.xadd("felix:{acme/prod/jobs/0}:log", {"p": "x"}, id="999-1")
+    r.close()
+    assert dump_keyspace(raw) == before
+
+
+def _url(raw: redis.Redis) -> str:
+    kw = raw.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
+
+
+def _name(c: felix_redis.Client) -> str:
+    return str(c.redis.connection_pool.connection_kwargs["username"])
+
+
+def test_manage_user_redrives_and_discards(admin: felix_redis.Client, make_user: Any) -> None:
+    a = ("acme", "prod", "jobs")
+    recs = admin.group_poll(*a, 0, "workers", max_records=2)
+    for r in recs:
+        admin.group_dead_letter(*a, 0, "workers", r.claim)
+    m = make_user(("group.manage", "acme", "jobs", "workers"))
+    assert m.group_redrive(*a, 0, "workers", [recs[0].offset]) == 1
+    assert m.group_discard(*a, 0, "workers", [recs[1].offset]) == 1
+    m.group_configure(*a, "workers", max_attempts=7)
+    m.group_delete(*a, "workers")
+    m.group_create(*a, "workers")
+    with pytest.raises(PermissionDenied):
+        m.group_create(*a, "fresh")  # the role covers group workers only
+    with pytest.raises(PermissionDenied, match=r"group\.consume"):
+        m.group_poll(*a, 0, "workers")
+
+
+def test_publisher_publishes_only(admin: felix_redis.Client, make_user: Any) -> None:
+    p = make_user(("stream.publish", "acme", "jobs", None))
+    a = ("acme", "prod", "jobs")
+    assert p.publish(*a, b"new", shard=1).shard == 1  # idempotent by default: producer-ids INCR
+    assert p.idempotent_producer().publish_keyed(*a, "k", b"keyed").offset >= 0
+    with pytest.raises(PermissionDenied):
+        p.group_poll(*a, 0, "workers")
+    with pytest.raises(PermissionDenied):
+        p.stream_delete(*a)
+    with pytest.raises(PermissionDenied):
+        p.stream_create("acme", "prod", "jobs", shards=2)
+
+
+def test_tenant_a_cannot_read_or_write_tenant_b(admin: felix_redis.Client, make_user: Any,
+                                                raw: redis.Redis) -> None:
+    u = make_user(("group.consume", "acme", "jobs", "workers"), ("group.manage", "acme", "jobs", "workers"),
+                  ("stream.publish", "acme", "jobs", None), ("stream.admin", "acme", "jobs", None))
+    u.group_poll("acme", "prod", "jobs", 0, "workers")  # its own tenant works
+    before = {k: v for k, v in dump_keyspace(raw).items() if b"beta" in k}
+    b = ("beta", "prod", "jobs")
+    ops: list[Callable[[], object]] = [
+        lambda: u.stream_describe(*b),
+        lambda: u.read(*b, 0, 0),
+        lambda: u.publish(*b, b"x"),
+        lambda: u.stream_trim(*b),
+        lambda: u.stream_delete(*b),
+        lambda: u.stream_create("beta", "prod", "new"),
+        lambda: u.group_create(*b, "g2"),
+        lambda: u.group_delete(*b, "workers"),
+        lambda: u.group_describe(*b, "workers"),
+        lambda: u.group_poll(*b, 0, "workers"),
+        lambda: u.group_ack(*b, 0, "workers", 0),
+        lambda: u.group_nack(*b, 0, "workers", "0:0:1"),
+        lambda: u.group_extend(*b, 0, "workers", "0:0:1"),
+        lambda: u.group_dead_letter(*b, 0, "workers", "0:0:1"),
+        lambda: u.group_dead_letters(*b, 0, "workers"),
+        lambda: u.group_redrive(*b, 0, "workers"),
+        lambda: u.group_discard(*b, 0, "workers"),
+    ]
+    for op in ops:
+        with pytest.raises(PermissionDenied):
+            op()
+    r = redis.Redis.from_url(user_url(_url(raw), _name(u)))
+    beta_keys = [k.decode() for k in raw.keys("felix:{beta/*")]
+    assert beta_keys
+    for key in beta_keys:
+        for command in (("GET", key), ("XRANGE", key, "-", "+"), ("HGETALL", key), ("TYPE", key), ("DEL", key),
+                        ("HSET", key, "x", "1")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                r.execute_command(*command)
+    r.close()
+    assert {k: v for k, v in dump_keyspace(raw).items() if b"beta" in k} == before
+
+
+def test_default_user_keeps_working(admin: felix_redis.Client, make_user: Any) -> None:
+    make_user(("group.consume", "acme", "jobs", "workers"))
+    a = ("acme", "prod", "jobs")
+    recs = admin.group_poll(*a, 0, "workers", max_records=1)
+    admin.group_dead_letter(*a, 0, "workers", recs[0].claim)
+    assert admin.group_redrive(*a, 0, "workers") == 1
+    assert ("beta", "prod", "jobs") in admin.stream_list()
+    admin.stream_delete("beta", "prod", "jobs")
+
+
+def test_rules_refuse_bad_input() -> None:
+    with pytest.raises(felix_redis.InvalidArgument, match="unknown role"):
+        acl.rules("group.own", "t", "n", "s", "g")
+    with pytest.raises(felix_redis.InvalidArgument, match="name the group"):
+        acl.rules("group.consume", "t", "n", "s")
+    with pytest.raises(felix_redis.InvalidArgument, match="leave the group out"):
+        acl.rules("stream.publish", "t", "n", "s", "g")
+    with pytest.raises(felix_redis.InvalidArgument):
+        acl.rules("group.consume", "t*", "n", "s", "g")
+
+
+def test_capability_keys_are_outside_the_data_patterns() -> None:
+    rules = acl.rules("group.consume", "acme", "prod", "jobs", "workers")
+    assert "~felixcap:{acme/prod/jobs/*}:g:workers:consume" in rules
+    assert not any(r.startswith("~felix:{acme/prod/jobs/*}:*") for r in rules)
+    assert "+eval" not in rules and "+@all" not in rules
+
+
+def test_cli_grant_prints_and_applies(admin: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    user = f"felixcli{os.getpid()}"
+    runner = CliRunner()
+    base = ["--redis-url", redis_url, "--tenant", "acme", "--namespace", "prod", "acl", "grant", user,
+            "--stream", "jobs", "--group", "workers", "--role", "group.consume"]
+    printed = runner.invoke(cli, base)
+    assert printed.exit_code == 0, printed.output
+    assert printed.stdout.startswith(f"ACL SETUSER {user} on +ping")
+    assert "felixcap:{acme/prod/jobs/*}:g:workers:consume" in printed.stdout
+    assert raw.execute_command("ACL", "GETUSER", user) is None  # printing changes nothing
+    try:
+        applied = runner.invoke(cli, [*base, "--apply", "--password-from-env", "FELIXTEST_PW"],
+                                env={"FELIXTEST_PW": PW})
+        assert applied.exit_code == 0, applied.output
+        assert PW not in applied.output and ">***" in applied.stdout
+        c = felix_redis.connect(user_url(redis_url, user))
+        assert c.group_poll("acme", "prod", "jobs", 0, "workers")
+        c.close()
+        # NOPERM through felixctl: exit 1, one 'felixctl: error:' line
+        denied = runner.invoke(cli, ["--redis-url", user_url(redis_url, user), "--tenant", "acme",
+                                     "--namespace", "prod", "group", "redrive", "jobs", "workers", "--shard", "0",
+                                     "--all", "--yes"])
+        assert denied.exit_code == 1, denied.output
+        lines = denied.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("felixctl: error:") and "group.manage" in lines[0]
+        assert PW not in denied.stderr
+    finally:
+        raw.execute_command("ACL", "DELUSER", user)
+
+
+def test_cli_grant_refuses_missing_password_env() -> None:
+    result = CliRunner().invoke(cli, ["--redis-url", "memory://acl", "acl", "grant", "u", "--stream", "s",
+                                      "--role", "stream.publish", "--password-from-env", "FELIX_NO_SUCH_VAR_X"])
+    assert result.exit_code == 1
+    assert "FELIX_NO_SUCH_VAR_X" in result.stderr
