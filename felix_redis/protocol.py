@@ -210,19 +210,23 @@ def _key_text(value: Any) -> str | None:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def parse_records(reply: list[Any], start: int, count: int, shard: int, with_attempts: bool) -> list[Record]:
-    """Records from a flat reply: [off, attempts, ms, key, payload]* (or without attempts)."""
+def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
+    """Records from a poll reply: [entry ID 'OFFSET-MS', attempts, key, payload]*."""
     out: list[Record] = []
-    step = 5 if with_attempts else 4
-    i = start
-    for _ in range(count):
-        if with_attempts:
-            off, att, ms, key, payload = reply[i : i + 5]
-        else:
-            off, ms, key, payload = reply[i : i + 4]
-            att = 0
-        out.append(Record(shard, int(off), int(att), payload, _key_text(key), int(ms)))
-        i += step
+    for i in range(start, start + 4 * count, 4):
+        off, ms = reply[i].split(b"-")
+        key = reply[i + 2]
+        out.append(Record(shard, int(off), reply[i + 1], reply[i + 3],
+                          None if key is None else key.decode("utf-8", "surrogateescape"), int(ms)))
+    return out
+
+
+def parse_records(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
+    """Records from a read reply: [offset, publish ms, key, payload]* (attempts 0)."""
+    out: list[Record] = []
+    for i in range(start, start + 4 * count, 4):
+        off, ms, key, payload = reply[i : i + 4]
+        out.append(Record(shard, int(off), 0, payload, _key_text(key), int(ms)))
     return out
 
 
@@ -854,7 +858,7 @@ class Core:
             reply = yield Eval("group_poll", keys, args, context, settings.replicas)
             count = int(reply[4])
             if count or wait_ms <= 0:
-                return parse_records(reply, 5, count, shard, True)
+                return parse_delivered(reply, 5, count, shard)
             args[2] = 0  # reclaim once
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
@@ -923,7 +927,7 @@ class Core:
                     if first:
                         reclaimed.add(shard)
                     count = int(reply[4])
-                    out += parse_records(reply, 5, count, shard, True)
+                    out += parse_delivered(reply, 5, count, shard)
                     if count == want and pass_shards is order:
                         more.append(shard)
                     points.update(wake_points(keys, reply))
@@ -1085,7 +1089,7 @@ class Core:
             "stream_read", name.shard_keys(shard), [start, count],
             f"stream {name.path} shard {shard}",
         )
-        return parse_records(reply, 3, int(reply[2]), shard, False), int(reply[0]), int(reply[1])
+        return parse_records(reply, 3, int(reply[2]), shard), int(reply[0]), int(reply[1])
 
     def subscribe_start(
         self, tenant: str, namespace: str, stream: str, start: object, shards: Iterable[int] | None

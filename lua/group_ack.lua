@@ -26,7 +26,14 @@
 require_group_role('group.consume')
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
 local ms = {}
-for i = 1, #ARGV do ms[i] = fmt(int_arg(ARGV[i], 'offset', 0, 2 ^ 52)) end
+for i = 1, #ARGV do
+  local v = ARGV[i]
+  -- members are canonical decimal strings; anything else takes the checking path
+  if #v > 15 or not string.find(v, '^%d+$') or (#v > 1 and string.byte(v, 1) == 48) then
+    v = fmt(int_arg(v, 'offset', 0, 2 ^ 52))
+  end
+  ms[i] = v
+end
 local K = group_keys()
 local S = load_group(K)
 for _, m in ipairs(ms) do

@@ -24,7 +24,7 @@
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: {now ms, next due ms (-1: none), tail, wake sequence, n, then n times:
--- offset, attempts, publish ms, key (nil when none), payload}.
+-- entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none), payload}.
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group), FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
 require_group_role('group.consume')
@@ -73,27 +73,33 @@ for i = 1, #lapsed, 2 do
 end
 
 local out = {now, -1, S.tail, S.wseq, 0}
+local o = 5
 local n = 0
 local expiry = now + S.vt
 -- leases, owners and attempts are written once per poll, for all records together
 local leases, owners, held, counts = {}, {}, {}, {}
-local function lease(m, off, attempts, ms, key, payload)
-  leases[#leases + 1] = expiry
-  leases[#leases + 1] = m
+local l, h = 0, 0
+local function lease(m, id, attempts, fields)
+  l = l + 2
+  leases[l - 1] = expiry
+  leases[l] = m
   -- an in-flight record without an attempts entry is on its first delivery
   if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = attempts end
   if consumer ~= '' then
-    owners[#owners + 1] = m
-    owners[#owners + 1] = consumer
-    held[#held + 1] = 0
-    held[#held + 1] = consumer .. '|' .. m
+    h = h + 2
+    owners[h - 1] = m
+    owners[h] = consumer
+    held[h - 1] = 0
+    held[h] = consumer .. '|' .. m
   end
+  local payload, key
+  if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
+  out[o + 1] = id
+  out[o + 2] = attempts
+  out[o + 3] = key
+  out[o + 4] = payload
+  o = o + 4
   n = n + 1
-  out[#out + 1] = off
-  out[#out + 1] = attempts
-  out[#out + 1] = ms
-  out[#out + 1] = key
-  out[#out + 1] = payload
 end
 
 -- 3. Due redeliveries, by due time.
@@ -112,9 +118,7 @@ for _, m in ipairs(due) do
       S.dirty = true
     else
       redis.call('ZREM', K.owed, m)
-      local _, ms = parse_id(e[1][1])
-      local payload, key = entry_fields(e[1][2])
-      lease(m, off, a + 1, ms, key, payload)
+      lease(m, e[1][1], a + 1, e[1][2])
     end
   end
 end
@@ -124,10 +128,10 @@ local want = max_records - n
 if want > 0 and S.next < S.tail then
   local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', want)
   for _, e in ipairs(entries) do
-    local off, ms = parse_id(e[1])
+    local m = string.match(e[1], '^%d+')
+    local off = tonumber(m)
     if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
-    local payload, key = entry_fields(e[2])
-    lease(fmt(off), off, 1, ms, key, payload)
+    lease(m, e[1], 1, e[2])
     S.next = off + 1
   end
   if #entries == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
