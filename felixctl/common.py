@@ -44,7 +44,15 @@ class OperationError(click.ClickException):
     exit_code = 1
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"felixctl: error: {self.format_message()}", file=file, err=file is None)
+        click.echo(f"felixctl: error: {one_line(self.format_message())}", file=file, err=file is None)
+
+
+def one_line(message: str) -> str:
+    """``message`` with line breaks and other control characters escaped, so an error is
+    always exactly one line (a name or payload in it may hold any character)."""
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in message
+    )
 
 
 def hide_password(message: str, url: str | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import click
 
 from felix_redis import FelixError
+from felixctl.common import one_line
 
 ENV_URL = "FELIX_REDIS_URL"
 ENV_TENANT = "FELIX_TENANT"
@@ -55,7 +56,7 @@ def _target(ctx: click.Context, url: str | None, tenant: str, namespace: str) ->
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"felixctl: error: {' '.join(message.split())}", err=True)
+    click.echo(f"felixctl: error: {one_line(' '.join(message.split()))}", err=True)
     raise click.exceptions.Exit(1)
 
 
