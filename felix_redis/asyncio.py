@@ -32,6 +32,7 @@ from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.keys import check_record_key
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
+    Batch,
     BlockAny,
     Cmd,
     Core,
@@ -144,6 +145,8 @@ class AsyncClient:
                 return await self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return await self._block(op)
+            if type(op) is Batch:
+                return await self._batch(op)
             await asyncio.sleep(op.seconds)  # type: ignore[union-attr]
             return None
         except UNAVAILABLE as exc:
@@ -152,6 +155,36 @@ class AsyncClient:
                                    f"{type(exc).__name__}: {exc}") from None
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
+
+    async def _batch(self, op: Batch) -> list[Any]:
+        """As :meth:`felix_redis.Client._batch`, on redis.asyncio."""
+        if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
+            results = []
+            for e in op.ops:
+                try:
+                    results.append(await self._execute_once(e))
+                except FelixError as exc:
+                    results.append(exc)
+            return results
+        results = [None] * len(op.ops)
+        todo = list(range(len(op.ops)))
+        for _ in range(3):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in todo:
+                e = op.ops[i]
+                pipe.execute_command("EVALSHA", self._scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
+            again = []
+            for i, reply in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(reply, NoScriptError):
+                    again.append(i)
+                else:
+                    results[i] = translate(reply, op.ops[i], self.url) if isinstance(reply, Exception) else reply
+            if not again:
+                return results
+            for name in {op.ops[i].script for i in again}:
+                await self.redis.script_load(self._scripts[name].script)
+            todo = again
+        raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
 
     async def _block(self, op: BlockAny) -> Any:
         by_slot: dict[int, list[tuple[str, str]]] = {}
@@ -485,11 +518,7 @@ class AsyncShardedGroup(ShardedGroupBase):
         return await self._client.group_ack(*self._where(item), item)
 
     async def ack_many(self, items: Iterable[Ref]) -> int:
-        done = 0
-        for shard, refs in self._by_shard(items).items():
-            done += sum(await self._client.group_ack_many(
-                self.tenant, self.namespace, self.stream, shard, self.group, refs))
-        return done
+        return await self._client._drive(self._ack_plan(items))
 
     async def nack(self, item: Ref, delay: float = 0.0) -> bool:
         return await self._client.group_nack(*self._where(item), item, delay)

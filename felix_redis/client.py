@@ -35,6 +35,7 @@ from felix_redis.keys import check_record_key
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
+    Batch,
     BlockAny,
     Cmd,
     Core,
@@ -202,6 +203,8 @@ class Client:
                 return self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return self._block(op)
+            if type(op) is Batch:
+                return self._batch(op)
             time.sleep(op.seconds)  # type: ignore[union-attr]
             return None
         except UNAVAILABLE as exc:
@@ -211,6 +214,32 @@ class Client:
                                    f"{type(exc).__name__}: {exc}") from None
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
+
+    def _batch(self, op: Batch) -> list[Any]:
+        """The calls in one pipeline of plain EVALSHA commands (redis-py's script
+        pipelines add a SCRIPT EXISTS round trip); calls answered NOSCRIPT did not run:
+        load their scripts and run those again. One by one on Cluster or with WAIT."""
+        if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
+            return [_outcome(self._execute_once, e) for e in op.ops]
+        results: list[Any] = [None] * len(op.ops)
+        todo = list(range(len(op.ops)))
+        for _ in range(3):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in todo:
+                e = op.ops[i]
+                pipe.execute_command("EVALSHA", self._scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
+            again = []
+            for i, reply in zip(todo, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(reply, NoScriptError):
+                    again.append(i)
+                else:
+                    results[i] = translate(reply, op.ops[i], self.url) if isinstance(reply, Exception) else reply
+            if not again:
+                return results
+            for name in {op.ops[i].script for i in again}:
+                self.redis.script_load(self._scripts[name].script)
+            todo = again
+        raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
 
     def _block(self, op: BlockAny) -> Any:
         by_slot: dict[int, list[tuple[str, str]]] = {}
@@ -539,6 +568,14 @@ def _reply(conn: Any) -> Any:
         return exc
 
 
+def _outcome(run: Any, op: Eval) -> Any:
+    """``run(op)``'s reply, or the FelixError it raised (for a Batch's reply list)."""
+    try:
+        return run(op)
+    except FelixError as exc:
+        return exc
+
+
 def _xread(points: list[tuple[str, str]], block_ms: int) -> list[Any]:
     return ["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS",
             *[k for k, _ in points], *[i for _, i in points]]
@@ -705,6 +742,10 @@ class ShardedGroupBase:
         )
         return [Item(r) for r in records]
 
+    def _ack_plan(self, items: Iterable[Ref]) -> Plan[int]:
+        return (yield from self._core.ack_sharded(
+            self.tenant, self.namespace, self.stream, self.group, self._by_shard(items)))
+
     @staticmethod
     def _by_shard(items: Iterable[Ref]) -> dict[int, list[Ref]]:
         grouped: dict[int, list[Ref]] = {}
@@ -734,11 +775,9 @@ class ShardedGroup(ShardedGroupBase):
         return self._client.group_ack(*self._where(item), item)
 
     def ack_many(self, items: Iterable[Ref]) -> int:
-        """Acks items, one script call per shard; returns how many were acked now."""
-        done = 0
-        for shard, refs in self._by_shard(items).items():
-            done += sum(self._client.group_ack_many(self.tenant, self.namespace, self.stream, shard, self.group, refs))
-        return done
+        """Acks items, one script call per shard, all in one round trip; returns how
+        many were acked now (the others were finished already)."""
+        return self._client._drive(self._ack_plan(items))
 
     def nack(self, item: Ref, delay: float = 0.0) -> bool:
         return self._client.group_nack(*self._where(item), item, delay)

@@ -101,6 +101,17 @@ class BlockAny:
         self.context = context
 
 
+class Batch:
+    """Several script calls in one round trip (a pipeline, no transaction). The reply is a
+    list holding each call's reply, or the FelixError it raised. A driver may run them one
+    by one instead (Redis Cluster, where shards live on different nodes; calls that WAIT)."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: list[Eval]) -> None:
+        self.ops = ops
+
+
 class Sleep:
     """Pause the plan (client side), e.g. between retries."""
 
@@ -110,7 +121,7 @@ class Sleep:
         self.seconds = seconds
 
 
-Op = Eval | Cmd | BlockAny | Sleep
+Op = Eval | Cmd | BlockAny | Batch | Sleep
 Plan = Generator[Op, Any, T]
 
 
@@ -140,6 +151,8 @@ def retry_safe(op: object) -> bool:
         return op.script in RETRY_SAFE_SCRIPTS
     if type(op) is Cmd:
         return str(op.args[0]).upper() in RETRY_SAFE_COMMANDS
+    if type(op) is Batch:
+        return all(retry_safe(e) for e in op.ops)
     return False
 
 
@@ -907,34 +920,57 @@ class Core:
             more: list[int] = []
             points: dict[str, str] = {}
             block_ms = -1
-            for pass_shards, limit in ((order, quota), (more, max_records)):
-                for shard in list(pass_shards):
-                    want = min(limit, max_records - len(out))
-                    if want <= 0:
-                        break
-                    keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
-                    first = reclaim and consumer is not None and shard not in reclaimed
-                    try:
-                        reply = yield Eval(
-                            "group_poll", keys, [want, consumer or "", 1 if first else 0],
-                            f"{context} shard {shard}", settings.replicas,
-                        )
-                    except (ConnectionFailed, NotReplicated):
-                        if out:
-                            # hand out what other shards leased rather than let it lapse
-                            return out, cursor
-                        raise
-                    if first:
-                        reclaimed.add(shard)
-                    count = int(reply[4])
-                    out += parse_delivered(reply, 5, count, shard)
-                    if count == want and pass_shards is order:
-                        more.append(shard)
-                    points.update(wake_points(keys, reply))
-                    due = int(reply[1])
-                    if due >= 0:
-                        until = max(1, due - int(reply[0]) + 1)
-                        block_ms = until if block_ms < 0 else min(block_ms, until)
+
+            def call(shard: int, want: int) -> Eval:
+                first = reclaim and consumer is not None and shard not in reclaimed
+                if first:
+                    reclaimed.add(shard)
+                return Eval(
+                    "group_poll", [*name.shard_keys(shard), *name.group_keys(shard, group)],
+                    [want, consumer or "", 1 if first else 0], f"{context} shard {shard}", settings.replicas,
+                )
+
+            def take(
+                shard: int, want: int, reply: list[Any], out: list[Record] = out, points: dict[str, str] = points
+            ) -> bool:
+                """Adds the reply's records; True when the shard may have more."""
+                nonlocal block_ms
+                count = int(reply[4])
+                out.extend(parse_delivered(reply, 5, count, shard))
+                points.update(wake_points(name.shard_keys(shard) + name.group_keys(shard, group), reply))
+                due = int(reply[1])
+                if due >= 0:
+                    until = max(1, due - int(reply[0]) + 1)
+                    block_ms = until if block_ms < 0 else min(block_ms, until)
+                return count == want
+
+            # pass 1: a quota from each shard, all of them in one round trip
+            first_pass = order[: min(shards, max_records)]
+            replies = yield Batch([call(shard, quota) for shard in first_pass])
+            failure: FelixError | None = None
+            for shard, reply in zip(first_pass, replies, strict=True):
+                if isinstance(reply, (ConnectionFailed, NotReplicated)):
+                    failure = failure or reply
+                elif isinstance(reply, FelixError):
+                    raise reply
+                elif take(shard, quota, reply):
+                    more.append(shard)
+            if failure is not None:
+                if out:
+                    return out, cursor  # hand out what other shards leased rather than let it lapse
+                raise failure
+            # pass 2: what is left, one shard at a time: shards pass 1 left out (when there
+            # are more shards than records wanted), then those that had more
+            for shard in order[len(first_pass):] + more:
+                want = max_records - len(out)
+                if want <= 0:
+                    break
+                try:
+                    take(shard, want, (yield call(shard, want)))
+                except (ConnectionFailed, NotReplicated):
+                    if out:
+                        return out, cursor
+                    raise
             if out or wait_ms <= 0:
                 return out, cursor
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -942,6 +978,24 @@ class Core:
                 return [], cursor
             block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
             yield BlockAny(list(points.items()), block_ms, context)
+
+    def ack_sharded(
+        self, tenant: str, namespace: str, stream: str, group: str, by_shard: dict[int, list[Any]]
+    ) -> Plan[int]:
+        """Acks records of several shards: one script call per shard, one round trip."""
+        calls = []
+        for shard, refs in by_shard.items():
+            _name, settings, shard, keys, context = yield from self._group_op(tenant, namespace, stream, shard, group)
+            offsets = [resolve(ref, shard, need_attempts=False).offset for ref in refs]
+            for start in range(0, len(offsets), C.MAX_BATCH):
+                calls.append(Eval("group_ack", keys, offsets[start:start + C.MAX_BATCH], context, settings.replicas))
+        if not calls:
+            return 0
+        replies = yield Batch(calls)
+        for reply in replies:
+            if isinstance(reply, FelixError):
+                raise reply
+        return sum(int(x) for reply in replies for x in reply)
 
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]

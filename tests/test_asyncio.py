@@ -16,7 +16,7 @@ import pytest
 
 import felix_redis
 import felix_redis.asyncio as fa
-from felix_redis.protocol import BlockAny, Eval
+from felix_redis.protocol import Batch, BlockAny, Eval
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -285,7 +285,8 @@ def test_sharded_group(backend: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
 
         monkeypatch.setattr(c, "_execute", spy)
         assert await group.ack_many(items[:6]) == 6
-        assert sum(type(op) is Eval and op.script == "group_ack" for op in ops) == len({i.shard for i in items[:6]})
+        assert sum(type(e) is Eval and e.script == "group_ack"
+                   for op in ops for e in (op.ops if type(op) is Batch else [op])) == len({i.shard for i in items[:6]})
         monkeypatch.undo()
 
         six, seven = items[6], items[7]

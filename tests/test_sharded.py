@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import felix_redis
-from felix_redis.protocol import BlockAny, Eval
+from felix_redis.protocol import Batch, BlockAny, Eval
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -185,8 +185,9 @@ def test_ack_many_batches_per_shard(client: felix_redis.Client, monkeypatch: pyt
     assert len(items) == 32
     ops = spy(client, monkeypatch)
     assert group.ack_many(items) == 32
-    acks = [op for op in ops if type(op) is Eval and op.script == "group_ack"]
-    assert len(acks) == 4, [op.script for op in ops]
+    assert len(ops) == 1 and type(ops[0]) is Batch, "one round trip for all shards"
+    acks = [op for op in ops[0].ops if type(op) is Eval and op.script == "group_ack"]
+    assert len(acks) == 4, [op.script for op in ops[0].ops]
     assert sorted(len(op.args) for op in acks) == [8, 8, 8, 8]
     assert group.ack_many(items) == 0  # finished already
     assert group.ack_many([]) == 0
