@@ -1,0 +1,166 @@
+"""Scale and server-cost figures of issue 8, on a private redis-server:
+
+- drain rate (one client, poll 64 + ack_many) behind a 10,000 and a 1,000,000 backlog;
+- Redis memory per waiting job against a raw stream entry with the same payload, and the
+  group memory left per finished job;
+- Redis CPU per job (INFO commandstats, usec per job) against raw XREADGROUP + XACK;
+- the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere.
+
+    python bench/scale.py [--backlog 1000000] [--out bench/results/scale.json]
+
+Prints one JSON document. Every figure is measured in this run; nothing is assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import felix_redis
+from felix_redis.testing.server import RedisServer
+
+T, N = "scale", "bench"
+PAYLOAD = b"x" * 64
+
+
+def publish(client: felix_redis.Client, stream: str, count: int) -> None:
+    for start in range(0, count, 5000):
+        client.publish_batch(T, N, stream, [PAYLOAD] * min(5000, count - start), shard=0)
+
+
+def drain_rate(client: felix_redis.Client, stream: str, jobs: int) -> float:
+    """Jobs/s for polling and acking ``jobs`` records, 64 at a time."""
+    done = 0
+    start = time.perf_counter()
+    while done < jobs:
+        records = client.group_poll(T, N, stream, 0, "g", max_records=min(64, jobs - done))
+        client.group_ack_many(T, N, stream, 0, "g", records)
+        done += len(records)
+    return jobs / (time.perf_counter() - start)
+
+
+def script_usec(raw: redis.Redis) -> float:
+    stats = raw.info("commandstats")
+    return float(stats.get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def measure(backlog: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"redis": None}
+    with RedisServer() as server:
+        raw = redis.Redis.from_url(server.url)
+        out["redis"] = raw.info("server")["redis_version"]
+        client = felix_redis.connect(server.url)
+        measure_jobs = 20_000
+
+        # drain rate behind a small and a large backlog
+        rates = {}
+        for name, size in (("backlog_10k", 10_000 + measure_jobs), ("backlog_large", backlog + measure_jobs)):
+            client.stream_create(T, N, name)
+            client.group_create(T, N, name, "g")
+            publish(client, name, size)
+            drain_rate(client, name, 2_000)  # warm up
+            rates[name] = round(drain_rate(client, name, measure_jobs))
+            client.stream_delete(T, N, name)
+        out["drain_rate_10k_backlog"] = rates["backlog_10k"]
+        out["drain_rate_large_backlog"] = rates["backlog_large"]
+        out["large_backlog"] = backlog
+        out["large_over_small"] = round(rates["backlog_large"] / rates["backlog_10k"], 3)
+
+        # memory per waiting job: felix log vs a raw stream of the same payloads
+        jobs = 100_000
+        client.stream_create(T, N, "mem")
+        client.group_create(T, N, "mem", "g")
+        publish(client, "mem", jobs)
+        pipe = raw.pipeline(transaction=False)
+        for i in range(jobs):
+            pipe.xadd("raw:mem", {"p": PAYLOAD})
+            if i % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+        keys = client.group_keys(T, N, "mem", "g")[0]
+        felix_log = int(raw.memory_usage(keys["log"], samples=0) or 0)
+        raw_log = int(raw.memory_usage("raw:mem", samples=0) or 0)
+        group_keys = [k for role, k in keys.items() if role not in ("meta", "log", "groups")]
+
+        def group_bytes() -> int:
+            return sum(int(raw.memory_usage(k, samples=0) or 0) for k in group_keys if raw.exists(k))
+
+        before = group_bytes()
+        out["bytes_per_waiting_job"] = round(felix_log / jobs, 1)
+        out["raw_bytes_per_entry"] = round(raw_log / jobs, 1)
+        out["waiting_job_over_raw_entry"] = round(felix_log / raw_log, 3)
+
+        # server CPU per job: felix poll+ack vs raw XREADGROUP COUNT 64 + XACK
+        raw.config_resetstat()
+        drain_rate(client, "mem", jobs)
+        felix_usec = script_usec(raw) / jobs
+        out["group_bytes_left_per_finished_job"] = round((group_bytes() - before) / jobs, 3)
+        raw.xgroup_create("raw:mem", "g", id="0")
+        raw.config_resetstat()
+        done = 0
+        while done < jobs:
+            reply = raw.xreadgroup("g", "c", {"raw:mem": ">"}, count=64)
+            ids = [entry[0] for entry in reply[0][1]]
+            raw.xack("raw:mem", "g", *ids)
+            done += len(ids)
+        stats = raw.info("commandstats")
+        raw_usec = (stats["cmdstat_xreadgroup"]["usec"] + stats["cmdstat_xack"]["usec"]) / jobs
+        out["redis_usec_per_job"] = round(felix_usec, 3)
+        out["raw_redis_usec_per_job"] = round(raw_usec, 3)
+        out["redis_cpu_over_raw"] = round(felix_usec / raw_usec, 2)
+
+        # poll cost with many dead letters and many records in flight elsewhere
+        client.stream_create(T, N, "cost")
+        client.group_create(T, N, "cost", "g", max_attempts=1)
+
+        def poll_usec(samples: int = 200) -> float:
+            raw.config_resetstat()
+            for _ in range(samples):
+                records = client.group_poll(T, N, "cost", 0, "g", max_records=16)
+                client.group_ack_many(T, N, "cost", 0, "g", records)
+            return script_usec(raw) / samples
+
+        publish(client, "cost", 200 * 16)
+        out["poll_ack_usec_plain"] = round(poll_usec(), 1)
+        publish(client, "cost", 100_000 + 10_000 + 200 * 16)
+        done = 0
+        while done < 100_000:  # 100,000 dead letters: a nack at max_attempts=1 dead-letters
+            records = client.group_poll(T, N, "cost", 0, "g", max_records=min(1000, 100_000 - done))
+            for r in records:
+                client.group_nack(T, N, "cost", 0, "g", r)
+            done += len(records)
+        held = 0
+        while held < 10_000:  # 10,000 in flight under other leases
+            held += len(client.group_poll(T, N, "cost", 0, "g", max_records=1000))
+        info = client.group_describe(T, N, "cost", "g").shards[0]
+        out["dead_letters"] = info.dead
+        out["in_flight_elsewhere"] = info.in_flight
+        out["poll_ack_usec_with_dead_and_in_flight"] = round(poll_usec(), 1)
+        out["poll_cost_ratio"] = round(out["poll_ack_usec_with_dead_and_in_flight"] / out["poll_ack_usec_plain"], 2)
+        client.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="size of the large backlog")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    result = measure(args.backlog)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
