@@ -18,6 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from felix_redis import scripts
 from felix_redis.client import (
     UNAVAILABLE,
+    BatchRun,
     Item,
     Ref,
     ShardedGroupBase,
@@ -166,25 +167,14 @@ class AsyncClient:
                 except FelixError as exc:
                     results.append(exc)
             return results
-        results = [None] * len(op.ops)
-        todo = list(range(len(op.ops)))
-        for _ in range(3):
+        run = BatchRun(op, self._scripts, self.url)
+        while (commands := run.commands()) is not None:
             pipe = self.redis.pipeline(transaction=False)
-            for i in todo:
-                e = op.ops[i]
-                pipe.execute_command("EVALSHA", self._scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
-            again = []
-            for i, reply in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(reply, NoScriptError):
-                    again.append(i)
-                else:
-                    results[i] = translate(reply, op.ops[i], self.url) if isinstance(reply, Exception) else reply
-            if not again:
-                return results
-            for name in {op.ops[i].script for i in again}:
-                await self.redis.script_load(self._scripts[name].script)
-            todo = again
-        raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
+            for command in commands:
+                pipe.execute_command(*command)
+            for source in run.take(await pipe.execute(raise_on_error=False)):
+                await self.redis.script_load(source)
+        return run.results
 
     async def _block(self, op: BlockAny) -> Any:
         by_slot: dict[int, list[tuple[str, str]]] = {}

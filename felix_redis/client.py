@@ -216,30 +216,18 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def _batch(self, op: Batch) -> list[Any]:
-        """The calls in one pipeline of plain EVALSHA commands (redis-py's script
-        pipelines add a SCRIPT EXISTS round trip); calls answered NOSCRIPT did not run:
-        load their scripts and run those again. One by one on Cluster or with WAIT."""
+        """The calls in one pipeline (see :class:`BatchRun`); one by one on Cluster or
+        with WAIT."""
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
             return [_outcome(self._execute_once, e) for e in op.ops]
-        results: list[Any] = [None] * len(op.ops)
-        todo = list(range(len(op.ops)))
-        for _ in range(3):
+        run = BatchRun(op, self._scripts, self.url)
+        while (commands := run.commands()) is not None:
             pipe = self.redis.pipeline(transaction=False)
-            for i in todo:
-                e = op.ops[i]
-                pipe.execute_command("EVALSHA", self._scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
-            again = []
-            for i, reply in zip(todo, pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(reply, NoScriptError):
-                    again.append(i)
-                else:
-                    results[i] = translate(reply, op.ops[i], self.url) if isinstance(reply, Exception) else reply
-            if not again:
-                return results
-            for name in {op.ops[i].script for i in again}:
-                self.redis.script_load(self._scripts[name].script)
-            todo = again
-        raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
+            for command in commands:
+                pipe.execute_command(*command)
+            for source in run.take(pipe.execute(raise_on_error=False)):
+                self.redis.script_load(source)
+        return run.results
 
     def _block(self, op: BlockAny) -> Any:
         by_slot: dict[int, list[tuple[str, str]]] = {}
@@ -566,6 +554,40 @@ def _reply(conn: Any) -> Any:
         return conn.read_response()
     except ResponseError as exc:
         return exc
+
+
+class BatchRun:
+    """The driver-independent part of running a Batch as one pipeline of plain EVALSHA
+    commands (redis-py's script pipelines add a SCRIPT EXISTS round trip): the commands
+    to send, and what the replies mean. Calls answered NOSCRIPT did not run: their
+    scripts are loaded and those calls sent again."""
+
+    def __init__(self, op: Batch, scripts: dict[str, Any], url: str) -> None:
+        self.op, self.scripts, self.url = op, scripts, url
+        self.results: list[Any] = [None] * len(op.ops)
+        self.todo: list[int] = list(range(len(op.ops)))
+        self.rounds = 0
+
+    def commands(self) -> list[tuple[Any, ...]] | None:
+        """The commands of the next round, or None when every call has its reply."""
+        if not self.todo:
+            return None
+        self.rounds += 1
+        if self.rounds > 3:
+            raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
+        return [("EVALSHA", self.scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
+                for e in (self.op.ops[i] for i in self.todo)]
+
+    def take(self, replies: list[Any]) -> set[str]:
+        """Records the replies; returns the sources of the scripts to load first."""
+        again = []
+        for i, reply in zip(self.todo, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                again.append(i)
+            else:
+                self.results[i] = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
+        self.todo = again
+        return {self.scripts[self.op.ops[i].script].script for i in again}
 
 
 def _outcome(run: Any, op: Eval) -> Any:

@@ -234,3 +234,19 @@ def test_stream_delete_removes_producer_state_too(client: felix_redis.Client) ->
     client.idempotent_producer().publish(T, N, S, b"b", shard=1)
     client.stream_delete(T, N, S)
     assert set(client.redis.keys("*")) <= {b"felix:streams", b"felix:producer-ids"}
+
+
+def test_sharded_batches_reload_scripts_after_script_flush(redis_client: felix_redis.Client, raw) -> None:
+    """A batch's calls answered NOSCRIPT did not run: the scripts are loaded and only
+    those calls are sent again (a restarted or newly promoted server has none)."""
+    redis_client.stream_create(T, N, S, shards=3)
+    redis_client.group_create(T, N, S, G)
+    for shard in range(3):
+        redis_client.publish_batch(T, N, S, [b"a", b"b"], shard=shard)
+    group = redis_client.group_sharded(T, N, S, G)
+    raw.script_flush()
+    items = group.poll(6)
+    assert sorted(i.claim for i in items) == sorted(f"{s}:{o}:1" for s in range(3) for o in range(2))
+    raw.script_flush()
+    assert group.ack_many(items) == 6
+    assert redis_client.group_describe(T, N, S, G).lag == 0
