@@ -9,33 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from felix_redis.asyncio import AsyncClient, AsyncShardedGroup
-from felix_redis.errors import FelixError, StaleClaim
+from felix_redis.asyncio import AsyncShardedGroup
+from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
 from felix_redis.models import Record
 from felix_redis.worker import (
     DEAD,
     HANDED_BACK,
     RETRIED,
     STALE,
-    Backoff,
     Fatal,
     Job,
     Retry,
-    WorkerStats,
+    WorkerBase,
     decide,
     report_outcome,
 )
 
 if TYPE_CHECKING:
-    from felix_redis.metrics import BoundWorkerMetrics, WorkerMetrics
+    pass
 
 __all__ = ["AsyncWorker"]
 
@@ -48,63 +48,21 @@ class HardLimitExceeded(Exception):
     """The handler ran longer than the worker's hard limit and was cancelled."""
 
 
-class AsyncWorker:
+class AsyncWorker(WorkerBase):
     """Runs ``await handler(record)`` for every record of a group, ``concurrency`` at once.
 
     Takes the arguments of :class:`felix_redis.worker.Worker`, with an
     :class:`~felix_redis.asyncio.AsyncClient`; ``await worker.run()``.
     """
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        tenant: str,
-        namespace: str,
-        stream: str,
-        group: str,
-        handler: AsyncHandler,
-        *,
-        concurrency: int = 1,
-        consumer: str | None = None,
-        shards: Iterable[int] | None = None,
-        backoff: Backoff | None = None,
-        dead_letter_on: tuple[type[BaseException], ...] = (),
-        poll_wait_s: float = 1.0,
-        grace_s: float = 30.0,
-        heartbeat_fraction: float = 1 / 3,
-        hard_limit_s: float | None = None,
-        burst: bool = False,
-        metrics: WorkerMetrics | None = None,
-        handle_signals: bool = True,
-    ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if not 0 < heartbeat_fraction < 1:
-            raise ValueError("heartbeat_fraction must be between 0 and 1")
-        if poll_wait_s <= 0:
-            raise ValueError("poll_wait_s must be positive")
-        self.client = client
-        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
-        self.handler = handler
-        self.concurrency = concurrency
-        self.consumer = consumer
-        self.shards = sorted(set(shards)) if shards is not None else None
-        self.backoff = backoff or Backoff()
-        self.dead_letter_on = dead_letter_on
-        self.poll_wait_s = poll_wait_s
-        self.grace_s = grace_s
-        self.heartbeat_fraction = heartbeat_fraction
-        self.hard_limit_s = hard_limit_s
-        self.burst = burst
-        self.handle_signals = handle_signals
-        self.stats = WorkerStats()
-        self.visibility_timeout_s = 30.0
-        self.max_attempts = 5
-        self._metrics: BoundWorkerMetrics | None = (
-            metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
-        self._group: AsyncShardedGroup = client.group_sharded(tenant, namespace, stream, group, consumer)
-        self._source: AsyncShardedGroup = self._group
-        self._where = f"{tenant}/{namespace}/{stream}"
+    _group: AsyncShardedGroup
+    _source: AsyncShardedGroup
+
+    def _check_handler(self, handler: Any) -> None:
+        if not (inspect.iscoroutinefunction(handler) or callable(handler)):
+            raise InvalidArgument(f"the handler must be callable, got {type(handler).__name__}")
+
+    def _init_runtime(self) -> None:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         self._jobs: dict[Job, asyncio.Task[None]] = {}

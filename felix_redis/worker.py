@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from felix_redis.client import Client, Item, ShardedGroup
+from felix_redis.client import Item, ShardedGroup
 from felix_redis.constants import MAX_REASON_BYTES
-from felix_redis.errors import FelixError, StaleClaim
+from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
 from felix_redis.models import Record
 
 if TYPE_CHECKING:
@@ -235,23 +235,18 @@ class Job:
             return True
 
 
-class Worker:
-    """Runs ``handler(record)`` for every record of a group, on ``concurrency`` threads.
-
-    The handler returns normally to ack, raises :class:`Retry` to choose the retry delay,
-    :class:`Fatal` (or a type in ``dead_letter_on``) to dead-letter at once, or any other
-    exception to retry after the ``backoff`` delay; the last allowed delivery that fails
-    becomes a dead letter with the error as reason.
-    """
+class WorkerBase:
+    """What the sync :class:`Worker` and the asyncio ``AsyncWorker`` share: settings,
+    their checks, and the sharded group the records come from."""
 
     def __init__(
         self,
-        client: Client,
+        client: Any,
         tenant: str,
         namespace: str,
         stream: str,
         group: str,
-        handler: Handler,
+        handler: Any,
         *,
         concurrency: int = 1,
         consumer: str | None = None,
@@ -283,14 +278,13 @@ class Worker:
         :param metrics: Prometheus metrics to update (:class:`felix_redis.metrics.WorkerMetrics`).
         :param handle_signals: install SIGTERM/SIGINT handlers in ``run()`` (main thread only).
         """
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be a whole number of at least 1, got {concurrency!r}")
         if not 0 < heartbeat_fraction < 1:
-            raise ValueError("heartbeat_fraction must be between 0 and 1")
+            raise InvalidArgument(f"heartbeat_fraction must be between 0 and 1, got {heartbeat_fraction!r}")
         if poll_wait_s <= 0:
-            raise ValueError("poll_wait_s must be positive")
-        if inspect.iscoroutinefunction(handler):
-            raise TypeError("the handler is an async def; run it with felix_redis.aioworker.AsyncWorker")
+            raise InvalidArgument(f"poll_wait_s must be positive, got {poll_wait_s!r}")
+        self._check_handler(handler)
         self.client = client
         self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
         self.handler = handler
@@ -306,14 +300,40 @@ class Worker:
         self.burst = burst
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
-        self._stats_lock = threading.Lock()
         self.visibility_timeout_s = 30.0
         self.max_attempts = 5
         self._metrics: BoundWorkerMetrics | None = (
             metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
-        self._group: ShardedGroup = client.group_sharded(tenant, namespace, stream, group, consumer)
-        self._source: ShardedGroup = self._group
+        self._group = client.group_sharded(tenant, namespace, stream, group, consumer)
+        self._source = self._group
         self._where = f"{tenant}/{namespace}/{stream}"
+        self._init_runtime()
+
+    def _check_handler(self, handler: Any) -> None:
+        """Refuses a handler this kind of worker cannot run."""
+
+    def _init_runtime(self) -> None:
+        """Sets up the worker's own events, queues and bookkeeping."""
+
+
+class Worker(WorkerBase):
+    """Runs ``handler(record)`` for every record of a group, on ``concurrency`` threads.
+
+    The handler returns normally to ack, raises :class:`Retry` to choose the retry delay,
+    :class:`Fatal` (or a type in ``dead_letter_on``) to dead-letter at once, or any other
+    exception to retry after the ``backoff`` delay; the last allowed delivery that fails
+    becomes a dead letter with the error as reason.
+    """
+
+    _group: ShardedGroup
+    _source: ShardedGroup
+
+    def _check_handler(self, handler: Any) -> None:
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError("the handler is an async def; run it with felix_redis.aioworker.AsyncWorker")
+
+    def _init_runtime(self) -> None:
+        self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._slots = threading.Condition()
