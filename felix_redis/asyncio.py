@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import AskError, NoScriptError, ResponseError
@@ -492,7 +492,15 @@ class AsyncIdempotentProducer:
 
 
 class AsyncShardedGroup(ShardedGroupBase):
-    """The asyncio twin of :class:`felix_redis.ShardedGroup`."""
+    """The asyncio twin of :class:`felix_redis.ShardedGroup`. ``client.group_sharded(...)``
+    returns it at once; ``await client.group_sharded(...)`` works too (it resolves to the
+    group itself), like every other call of the asyncio client."""
+
+    def __await__(self) -> Generator[Any, None, AsyncShardedGroup]:
+        return self._itself().__await__()
+
+    async def _itself(self) -> AsyncShardedGroup:
+        return self
 
     def __init__(
         self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,

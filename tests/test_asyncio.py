@@ -450,3 +450,19 @@ def test_subscribe_wakes_on_publish(backend: tuple[str, Any]) -> None:
         assert time.monotonic() - stamp[0] < 0.5
 
     run(backend[0], scenario)
+
+
+def test_group_sharded_can_be_awaited_like_every_other_call(backend: tuple[str, Any]) -> None:
+    async def scenario() -> None:
+        client = fa.connect(backend[0])
+        await client.stream_create(T, N, S, shards=2)
+        await client.group_create(T, N, S, G)
+        await client.publish(T, N, S, b"x", shard=1)
+        group = await client.group_sharded(T, N, S, G)
+        (item,) = await group.poll(4)
+        assert await group.ack(item)
+        plain = client.group_sharded(T, N, S, G)
+        assert await plain.poll(4) == []
+        await client.close()
+
+    asyncio.run(scenario())
