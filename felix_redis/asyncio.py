@@ -22,7 +22,6 @@ from felix_redis.client import (
     Item,
     Ref,
     ShardedGroupBase,
-    _xread,
     check_raw_client,
     max_block_ms,
     not_replicated,
@@ -41,10 +40,10 @@ from felix_redis.protocol import (
     Op,
     Plan,
     ProducerState,
+    Retrying,
     as_bytes,
     check_list,
-    retry_delays,
-    retry_safe,
+    xread_calls,
 )
 
 __all__ = ["AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Item", "connect"]
@@ -107,24 +106,15 @@ class AsyncClient:
 
     async def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
-        delays = None
+        retrying = None
         while True:
             try:
                 return await self._execute_once(op)
-            except ConnectionFailed:
+            except ConnectionFailed as exc:
+                retrying = retrying or Retrying(op, self.core.retry_for)
+                await asyncio.sleep(retrying.pause(exc))
                 if type(op) is BlockAny:
-                    # a wake-up like any other: the plan polls again, and that poll
-                    # reports (or rides out) the failure
-                    await asyncio.sleep(0.05)
                     return None
-                if delays is None:
-                    if not retry_safe(op):
-                        raise
-                    delays = retry_delays(self.core.retry_for)
-                pause = next(delays, None)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
 
     async def _execute_once(self, op: Op) -> Any:
         try:
@@ -177,12 +167,7 @@ class AsyncClient:
         return run.results
 
     async def _block(self, op: BlockAny) -> Any:
-        by_slot: dict[int, list[tuple[str, str]]] = {}
-        keyslot = getattr(self.redis, "keyslot", None)
-        for key, last in op.streams:
-            by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
-        block_ms = min(op.block_ms, self._max_block_ms)
-        calls = [_xread(points, block_ms) for points in by_slot.values()]
+        calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
         if len(calls) == 1:
             return await self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, at once; the first answer wins.

@@ -43,10 +43,10 @@ from felix_redis.protocol import (
     Op,
     Plan,
     ProducerState,
+    Retrying,
     as_bytes,
     check_list,
-    retry_delays,
-    retry_safe,
+    xread_calls,
 )
 
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
@@ -171,24 +171,15 @@ class Client:
 
     def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
-        delays = None
+        retrying = None
         while True:
             try:
                 return self._execute_once(op)
-            except ConnectionFailed:
+            except ConnectionFailed as exc:
+                retrying = retrying or Retrying(op, self.core.retry_for)
+                time.sleep(retrying.pause(exc))
                 if type(op) is BlockAny:
-                    # a wake-up like any other: the plan polls again, and that poll
-                    # reports (or rides out) the failure
-                    time.sleep(0.05)
                     return None
-                if delays is None:
-                    if not retry_safe(op):
-                        raise
-                    delays = retry_delays(self.core.retry_for)
-                pause = next(delays, None)
-                if pause is None:
-                    raise
-                time.sleep(pause)
 
     def _execute_once(self, op: Op) -> Any:
         try:
@@ -230,12 +221,7 @@ class Client:
         return run.results
 
     def _block(self, op: BlockAny) -> Any:
-        by_slot: dict[int, list[tuple[str, str]]] = {}
-        keyslot = getattr(self.redis, "keyslot", None)
-        for key, last in op.streams:
-            by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
-        block_ms = min(op.block_ms, self._max_block_ms)
-        calls = [_xread(points, block_ms) for points in by_slot.values()]
+        calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
         if len(calls) == 1:
             return self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, at once; the first answer wins.
@@ -596,11 +582,6 @@ def _outcome(run: Any, op: Eval) -> Any:
         return run(op)
     except FelixError as exc:
         return exc
-
-
-def _xread(points: list[tuple[str, str]], block_ms: int) -> list[Any]:
-    return ["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS",
-            *[k for k, _ in points], *[i for _, i in points]]
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None

@@ -166,6 +166,43 @@ def retry_delays(total_s: float) -> Generator[float, None, None]:
         base *= 2
 
 
+class Retrying:
+    """What a driver does after an op failed with ConnectionFailed: ``pause()`` says how
+    long to wait before trying again, or raises the error when the op is not safe to
+    repeat or the budget is spent. A failed block is not retried: after a short pause
+    the driver answers it as a wake-up, and the plan's next poll decides."""
+
+    BLOCK_PAUSE = 0.05
+
+    def __init__(self, op: Op, total_s: float) -> None:
+        self.op = op
+        self.total_s = total_s
+        self.delays: Generator[float, None, None] | None = None
+
+    def pause(self, exc: ConnectionFailed) -> float:
+        if type(self.op) is BlockAny:
+            return self.BLOCK_PAUSE
+        if self.delays is None:
+            if not retry_safe(self.op):
+                raise exc
+            self.delays = retry_delays(self.total_s)
+        pause = next(self.delays, None)
+        if pause is None:
+            raise exc
+        return pause
+
+
+def xread_calls(op: BlockAny, keyslot: Any, max_block_ms: int) -> list[list[Any]]:
+    """The XREAD BLOCK commands for ``op``: one when every key shares a slot, else one
+    per slot (Redis Cluster), each blocking at most ``max_block_ms``."""
+    by_slot: dict[int, list[tuple[str, str]]] = {}
+    for key, last in op.streams:
+        by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
+    block_ms = min(op.block_ms, max_block_ms)
+    return [["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *[k for k, _ in points], *[i for _, i in points]]
+            for points in by_slot.values()]
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
