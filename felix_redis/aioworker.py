@@ -93,15 +93,7 @@ class AsyncWorker(WorkerBase):
     # -- the loop, step by step
 
     async def _startup(self) -> None:
-        info = await self.client.group_describe(self.tenant, self.namespace, self.stream, self.group)
-        self.visibility_timeout_s = info.visibility_timeout_ms / 1000
-        self.max_attempts = info.max_attempts
-        if self.shards is not None:
-            bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
-            if bad:
-                raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
-            self._source = self.client.group_sharded(
-                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
+        self._configure(await self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
         self._acks = asyncio.Queue()
         self._helpers = [asyncio.create_task(self._heartbeat_task()), asyncio.create_task(self._settle_task())]
         if self.handle_signals and threading.current_thread() is threading.main_thread():

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from felix_redis.client import Item, ShardedGroup
 from felix_redis.constants import MAX_REASON_BYTES
 from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
-from felix_redis.models import Record
+from felix_redis.models import GroupInfo, Record
 
 if TYPE_CHECKING:
     from felix_redis.metrics import BoundWorkerMetrics, WorkerMetrics
@@ -309,6 +309,18 @@ class WorkerBase:
         self._where = f"{tenant}/{namespace}/{stream}"
         self._init_runtime()
 
+    def _configure(self, info: GroupInfo) -> None:
+        """Takes the group's visibility timeout and max attempts (stored in Redis) and
+        checks the shard subset against the stream."""
+        self.visibility_timeout_s = info.visibility_timeout_ms / 1000
+        self.max_attempts = info.max_attempts
+        if self.shards is not None:
+            bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
+            if bad:
+                raise InvalidArgument(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
+            self._source = self.client.group_sharded(
+                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
+
     def _check_handler(self, handler: Any) -> None:
         """Refuses a handler this kind of worker cannot run."""
 
@@ -367,15 +379,7 @@ class Worker(WorkerBase):
     # -- the loop, step by step
 
     def _startup(self) -> None:
-        info = self.client.group_describe(self.tenant, self.namespace, self.stream, self.group)
-        self.visibility_timeout_s = info.visibility_timeout_ms / 1000
-        self.max_attempts = info.max_attempts
-        if self.shards is not None:
-            bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
-            if bad:
-                raise ValueError(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
-            self._source = self.client.group_sharded(
-                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
+        self._configure(self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
         self._done.clear()
         self._queue = queue.SimpleQueue()
         self._acks = queue.SimpleQueue()
