@@ -36,31 +36,41 @@ for i = 1, #ARGV do
 end
 local K = group_keys()
 local S = load_group(K)
-for _, m in ipairs(ms) do
-  if tonumber(m) >= S.next then
+local uniq, first = {}, {}
+for i, m in ipairs(ms) do
+  local off = tonumber(m)
+  if off >= S.next then
     fail('NOT_FOUND', 'record ' .. m .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
+  end
+  if not first[m] then
+    first[m] = i
+    uniq[#uniq + 1] = m
   end
 end
 -- unfinished = in flight (lease) or owed; anything else delivered is finished already
-local out, seen, leased, rest = {}, {}, {}, {}
-local lease_scores = call_many('ZMSCORE', K.lease, ms)
-for i, m in ipairs(ms) do
-  out[i] = 0
-  if not seen[m] then
-    seen[m] = i
-    if lease_scores[i] then leased[#leased + 1] = m; out[i] = 1 else rest[#rest + 1] = m end
+local unfinished = uniq
+local removed = 0
+if K.types.lease ~= 'none' then removed = call_many('ZREM', K.lease, uniq) end
+if removed < #uniq then
+  -- some were owed or finished: tell them apart. The done set and the redo marks are
+  -- untouched so far, so is_finished still answers for the state before this ack.
+  unfinished = {}
+  local owed, owed_scores = {}, {}
+  if K.types.owed ~= 'none' then owed_scores = call_many('ZMSCORE', K.owed, uniq) end
+  for j, m in ipairs(uniq) do
+    if owed_scores[j] then
+      owed[#owed + 1] = m
+      unfinished[#unfinished + 1] = m
+    elseif not is_finished(K, S, m, tonumber(m)) then
+      unfinished[#unfinished + 1] = m
+    else
+      first[m] = false
+    end
   end
+  if #owed > 0 then call_many('ZREM', K.owed, owed) end
 end
-local owed = {}
-if #rest > 0 then
-  local owed_scores = call_many('ZMSCORE', K.owed, rest)
-  for j, m in ipairs(rest) do
-    if owed_scores[j] then owed[#owed + 1] = m; out[seen[m]] = 1 end
-  end
-end
-if #leased > 0 then call_many('ZREM', K.lease, leased) end
-if #owed > 0 then call_many('ZREM', K.owed, owed) end
-for _, m in ipairs(owed) do leased[#leased + 1] = m end
-if #leased > 0 then finish_many(K, S, leased) end
+local out = {}
+for i, m in ipairs(ms) do out[i] = first[m] == i and 1 or 0 end
+if #unfinished > 0 then finish_many(K, S, unfinished) end
 save_group(K, S)
 return out

@@ -58,7 +58,17 @@ if reclaim and consumer ~= '' and S.cons then
 end
 
 -- 2. Lapsed leases: failed deliveries, owed from their expiry (bounded per call).
-local lapsed = redis.call('ZRANGEBYSCORE', K.lease, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_records + 64)
+-- The earliest lease (and below, the earliest owed record) tells in one command whether
+-- anything lapsed (fell due); usually nothing did, and it also gives the next due time.
+local slow = reclaim and consumer ~= '' and S.cons
+local now_s = fmt(now)
+local first_lease = {}
+if K.types.lease ~= 'none' then first_lease = redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES') end
+local lapsed = {}
+if #first_lease > 0 and tonumber(first_lease[2]) <= now then
+  slow = true
+  lapsed = redis.call('ZRANGEBYSCORE', K.lease, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records + 64))
+end
 for i = 1, #lapsed, 2 do
   local m = lapsed[i]
   redis.call('ZREM', K.lease, m)
@@ -75,7 +85,8 @@ end
 local out = {now, -1, S.tail, S.wseq, 0}
 local o = 5
 local n = 0
-local expiry = now + S.vt
+-- numbers passed to redis.call are formatted with %.14g: pass strings made once
+local expiry = fmt(now + S.vt)
 -- leases, owners and attempts are written once per poll, for all records together
 local leases, owners, held, counts = {}, {}, {}, {}
 local l, h = 0, 0
@@ -84,12 +95,12 @@ local function lease(m, id, attempts, fields)
   leases[l - 1] = expiry
   leases[l] = m
   -- an in-flight record without an attempts entry is on its first delivery
-  if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = attempts end
+  if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = fmt(attempts) end
   if consumer ~= '' then
     h = h + 2
     owners[h - 1] = m
     owners[h] = consumer
-    held[h - 1] = 0
+    held[h - 1] = '0'
     held[h] = consumer .. '|' .. m
   end
   local payload, key
@@ -103,14 +114,20 @@ local function lease(m, id, attempts, fields)
 end
 
 -- 3. Due redeliveries, by due time.
-local due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now, 'LIMIT', 0, max_records)
+local first_owed = {}
+if K.types.owed ~= 'none' or slow then first_owed = redis.call('ZRANGE', K.owed, '0', '0', 'WITHSCORES') end
+local due = {}
+if #first_owed > 0 and tonumber(first_owed[2]) <= now then
+  slow = true
+  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'LIMIT', '0', fmt(max_records))
+end
 for _, m in ipairs(due) do
   local off = tonumber(m)
   local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
   if a >= S.max then
     dead_letter(K, S, off, a, 'max_attempts reached', now)
   else
-    local e = redis.call('XRANGE', K.log, m, m, 'COUNT', 1)
+    local e = redis.call('XRANGE', K.log, m, m, 'COUNT', '1')
     if #e == 0 then
       -- trimmed by retention while owed: counted, never silently skipped
       finish(K, S, off)
@@ -126,15 +143,23 @@ end
 -- 4. New records, in offset order.
 local want = max_records - n
 if want > 0 and S.next < S.tail then
-  local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', want)
-  for _, e in ipairs(entries) do
-    local m = string.match(e[1], '^%d+')
-    local off = tonumber(m)
-    if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
-    lease(m, e[1], 1, e[2])
-    S.next = off + 1
+  local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(want))
+  local first = S.next
+  local count = #entries
+  if count > 0 and string.find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
+    -- dense (nothing trimmed in between, the usual case): offsets follow from the order
+    for i, e in ipairs(entries) do lease(fmt(first + i - 1), e[1], 1, e[2]) end
+    S.next = first + count
+  else
+    for _, e in ipairs(entries) do
+      local m = string.match(e[1], '^%d+')
+      local off = tonumber(m)
+      if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
+      lease(m, e[1], 1, e[2])
+      S.next = off + 1
+    end
+    if count == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
   end
-  if #entries == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
   S.dirty = true
 end
 
@@ -148,6 +173,16 @@ if n > 0 then
   end
 end
 save_group(K, S)
-out[2] = next_due(K)
+if slow then
+  out[2] = next_due(K)
+else
+  -- nothing lapsed nor fell due: the earliest of the first owed record, the first lease
+  -- and the leases just given
+  local at = -1
+  if #first_owed > 0 then at = tonumber(first_owed[2]) end
+  if #first_lease > 0 and (at < 0 or tonumber(first_lease[2]) < at) then at = tonumber(first_lease[2]) end
+  if n > 0 and (at < 0 or now + S.vt < at) then at = now + S.vt end
+  out[2] = at
+end
 out[5] = n
 return out

@@ -318,6 +318,10 @@ def test_header_argv_matches_the_arguments_python_passes(name: str, evals: dict[
 HELPER_ERRORS = {
     "int_arg": {"INVALID"},
     "expect_type": {"WRONGTYPE"},
+    "typed_call": {"WRONGTYPE"},
+    "kcall": {"WRONGTYPE"},
+    "key_type": {"WRONGTYPE"},
+    "check_types": {"WRONGTYPE"},
     "load_group": {"NOT_FOUND", "WRONGTYPE"},
     "check_claim": {"NOT_FOUND", "STALE_CLAIM"},
     "require_group_role": {"NOPERM", "INVALID"},

@@ -9,24 +9,22 @@
 -- Backends without ACL (fakeredis, memory://) have no redis.acl_check_cmd: no check.
 
 local function acl_base()
-  local base = string.match(KEYS[1] or '', '^([^{}]-:{[^{}]*})')
-  if not base then fail('INVALID', 'key ' .. tostring(KEYS[1]) .. ' is not a felix-redis shard key') end
-  local n = #base + 1
+  local k1 = KEYS[1] or ''
+  -- PREFIX:{TAG}...: no braces in PREFIX nor in TAG
+  local open = string.find(k1, '[{}]')
+  local close = open and string.find(k1, '[{}]', open + 1)
+  if not close or open < 2 or string.byte(k1, open - 1) ~= 58 or string.byte(k1, open) ~= 123
+      or string.byte(k1, close) ~= 125 then
+    fail('INVALID', 'key ' .. tostring(KEYS[1]) .. ' is not a felix-redis shard key')
+  end
+  local base = string.sub(k1, 1, close) .. ':'
   for i = 2, #KEYS do
-    if string.sub(KEYS[i], 1, n) ~= base .. ':' then
+    -- a plain find at 1: no substring is made per key
+    if string.find(KEYS[i], base, 1, true) ~= 1 then
       fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. KEYS[1])
     end
   end
-  local open = string.find(base, ':{', 1, true)
-  return string.sub(base, 1, open - 1), string.sub(base, open + 2, #base - 1)
-end
-
-local function acl_require(role, cap, what)
-  if not redis.acl_check_cmd then return end
-  if not redis.acl_check_cmd('EVALSHA', '0', '1', cap) then
-    fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on ' .. what
-      .. ' (no ACL access to ' .. cap .. ')')
-  end
+  return string.sub(k1, 1, open - 2), string.sub(k1, open + 1, close - 1)
 end
 
 local function stream_of(tag)
@@ -37,13 +35,18 @@ end
 -- the group whose hash is KEYS[3].
 local function require_group_role(role)
   local prefix, tag = acl_base()
-  local group = string.sub(KEYS[3] or '', #prefix + #tag + 7)
-  if string.sub(KEYS[3] or '', 1, #prefix + #tag + 6) ~= prefix .. ':{' .. tag .. '}:g:' or group == ''
-      or string.find(group, ':', 1, true) then
+  local k3 = KEYS[3] or ''
+  local at = #prefix + #tag + 5 -- just after 'PREFIX:{TAG}:', which acl_base checked
+  local group = string.sub(k3, at + 2)
+  if string.sub(k3, at, at + 1) ~= 'g:' or group == '' or string.find(group, ':', 1, true) then
     fail('INVALID', 'KEYS[3] is not a group key')
   end
+  if not redis.acl_check_cmd then return end
   local cap = prefix .. 'cap:{' .. tag .. '}:g:' .. group .. ':' .. string.sub(role, 7)
-  acl_require(role, cap, 'group ' .. group .. ' of stream ' .. stream_of(tag))
+  if not redis.acl_check_cmd('EVALSHA', '0', '1', cap) then
+    fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on group ' .. group .. ' of stream '
+      .. stream_of(tag) .. ' (no ACL access to ' .. cap .. ')')
+  end
 end
 
 -- Fails with NOPERM unless the user holds one of roles ('stream.publish',

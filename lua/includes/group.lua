@@ -10,10 +10,18 @@
 local GROUP_KEY_TYPES = {{'meta', 'hash'}, {'log', 'stream'}}
 for _, rt in ipairs(GROUP_ROLE_TYPES) do GROUP_KEY_TYPES[#GROUP_KEY_TYPES + 1] = rt end
 
+-- K: role -> key name, and K.types: role -> the key's type ('none' when missing) once
+-- load_group has checked them all.
 local function group_keys()
-  local K = {}
+  local K = {types = {}}
   for i, kt in ipairs(GROUP_KEY_TYPES) do K[kt[1]] = KEYS[i] end
   return K
+end
+
+-- Checks the type of every key of the group (WRONGTYPE on a foreign type) and records
+-- it: a missing key then costs no command where it would only be read or cleaned.
+local function check_types(K)
+  for _, kt in ipairs(GROUP_KEY_TYPES) do K.types[kt[1]] = expect_type(K[kt[1]], kt[2]) end
 end
 
 -- redis.call(cmd, key, prefix..., members...) in chunks (Lua's unpack has a limit);
@@ -38,7 +46,7 @@ end
 -- Checks every key's type, that the stream (shard) and the group exist; returns the
 -- group's state S. Nothing is written.
 local function load_group(K)
-  for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
+  check_types(K)
   local m = redis.call('HMGET', K.meta, 'tail', 'first')
   if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
   local g = redis.call('HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed')
@@ -108,10 +116,11 @@ local function finish(K, S, off)
 end
 
 -- Finishes many records at once (ack): ms are members known to be unfinished. Their
--- lease or owed entries must already be removed. The position walks over the sorted
--- offsets without set operations when they continue it (in-order acks).
+-- lease or owed entries must already be removed; a missing attempts hash or done set
+-- costs no command. The position walks over the sorted offsets without set operations
+-- when they continue it (in-order acks).
 local function finish_many(K, S, ms)
-  call_many('HDEL', K.attempts, ms)
+  if K.types.attempts ~= 'none' then call_many('HDEL', K.attempts, ms) end
   if S.cons then
     local owners = call_many('HMGET', K.owner, ms)
     local held = {}
@@ -136,8 +145,10 @@ local function finish_many(K, S, ms)
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
-  if #above > 0 then call_many('SADD', K.done, above) end
-  while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+  if #above > 0 then call_many('SADD', K.done, above); K.types.done = 'set' end
+  if K.types.done ~= 'none' then
+    while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+  end
   if S.pos ~= start_pos then S.dirty = true end
 end
 

@@ -29,13 +29,27 @@ local function int_arg(value, what, lo, hi)
   return n
 end
 
--- Fails with WRONGTYPE unless key is missing or holds the wanted type.
+-- Fails with WRONGTYPE unless key is missing or holds the wanted type; returns its type.
 local function expect_type(key, want)
   local t = redis.call('TYPE', key)['ok']
   if t ~= 'none' and t ~= want then
     fail('WRONGTYPE', 'key ' .. key .. ' holds a ' .. t .. ' where felix-redis keeps a ' .. want
       .. '; another application wrote it')
   end
+  return t
+end
+
+-- redis.call for a command on one key that doubles as the key's type check: it must
+-- come before the script's first write (a read, or the first write itself), so that a
+-- key of the wrong type fails the script, naming the key, with nothing written.
+local function typed_call(want, cmd, key, ...)
+  local r = redis.pcall(cmd, key, ...)
+  if type(r) == 'table' and r.err then
+    -- (fakeredis hands the message over as userdata)
+    if string.find(tostring(r.err), 'WRONGTYPE', 1, true) then expect_type(key, want) end
+    error(r, 0)
+  end
+  return r
 end
 
 -- Offset and publish time (ms) from a log entry ID 'OFFSET-MS'.
