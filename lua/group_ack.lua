@@ -50,7 +50,10 @@ end
 -- unfinished = in flight (lease) or owed; anything else delivered is finished already
 local unfinished = uniq
 local removed = 0
-if K.types.lease ~= 'none' then removed = call_many('ZREM', K.lease, uniq) end
+if K.types.lease ~= 'none' then
+  removed = call_many('ZREM', K.lease, uniq)
+  S.unleased = removed > 0
+end
 if removed < #uniq then
   -- some were owed or finished: tell them apart. The done set and the redo marks are
   -- untouched so far, so is_finished still answers for the state before this ack.

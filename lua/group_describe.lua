@@ -29,7 +29,7 @@ if S.pos == S.next and S.first > S.pos then position = S.first end
 local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
 if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
 local lapsed = redis.call('ZCOUNT', K.lease, '-inf', now)
-local in_flight = redis.call('ZCARD', K.lease) - lapsed
+local in_flight = redis.call('ZCOUNT', K.lease, '(' .. fmt(now), '(+inf') -- not the sentinel
 local owed = redis.call('ZCARD', K.owed) + lapsed
 local age = -1
 if position < S.tail then

@@ -37,6 +37,7 @@ if attempts >= S.max then
   status = 2
 else
   redis.call('ZREM', K.lease, m)
+  S.unleased = true
   release_owner(K, S, m)
   redis.call('HSET', K.attempts, m, attempts)
   redis.call('ZADD', K.owed, now + delay, m)

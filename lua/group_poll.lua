@@ -43,6 +43,7 @@ if reclaim and consumer ~= '' and S.cons then
     redis.call('ZREM', K.byowner, member)
     redis.call('HDEL', K.owner, m)
     if redis.call('ZREM', K.lease, m) == 1 then
+      S.unleased = true
       local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
       if a >= S.max then
         dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
@@ -62,13 +63,14 @@ end
 -- anything lapsed (fell due); usually nothing did, and it also gives the next due time.
 local slow = reclaim and consumer ~= '' and S.cons
 local now_s = fmt(now)
-local first_lease = {}
-if K.types.lease ~= 'none' then first_lease = redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES') end
+local earliest = {}
+if K.types.lease ~= 'none' then earliest = first_lease(K) end
 local lapsed = {}
-if #first_lease > 0 and tonumber(first_lease[2]) <= now then
+if #earliest > 0 and tonumber(earliest[2]) <= now then
   slow = true
   lapsed = redis.call('ZRANGEBYSCORE', K.lease, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records + 64))
 end
+if #lapsed > 0 then S.unleased = true end
 for i = 1, #lapsed, 2 do
   local m = lapsed[i]
   redis.call('ZREM', K.lease, m)
@@ -87,9 +89,10 @@ local o = 5
 local n = 0
 -- numbers passed to redis.call are formatted with %.14g: pass strings made once
 local expiry = fmt(now + S.vt)
--- leases, owners and attempts are written once per poll, for all records together
-local leases, owners, held, counts = {}, {}, {}, {}
-local l, h = 0, 0
+-- leases, owners and attempts are written once per poll, for all records together;
+-- the leases with the sentinel (a no-op when the zset holds it already)
+local leases, owners, held, counts = {'+inf', LEASE_SENTINEL}, {}, {}, {}
+local l, h = 2, 0
 local function lease(m, id, attempts, fields)
   l = l + 2
   leases[l - 1] = expiry
@@ -180,7 +183,7 @@ else
   -- and the leases just given
   local at = -1
   if #first_owed > 0 then at = tonumber(first_owed[2]) end
-  if #first_lease > 0 and (at < 0 or tonumber(first_lease[2]) < at) then at = tonumber(first_lease[2]) end
+  if #earliest > 0 and (at < 0 or tonumber(earliest[2]) < at) then at = tonumber(earliest[2]) end
   if n > 0 and (at < 0 or now + S.vt < at) then at = now + S.vt end
   out[2] = at
 end

@@ -272,3 +272,54 @@ def test_ack_many_tells_in_flight_owed_finished_and_repeats_apart(client: felix_
     # nothing left to hand out, and a repeat of the whole ack changes nothing
     assert client.group_poll(T, N, S, 0, G, max_records=4) == []
     assert client.group_ack_many(T, N, S, 0, G, [a.offset, b.offset]) == [False, False]
+
+
+def _encoding(client: felix_redis.Client, key: str) -> bytes | None:
+    """OBJECT ENCODING on Redis; None on memory:// (fakeredis keeps no encodings)."""
+    if client.url.startswith("memory"):
+        return None
+    return client.redis.object("encoding", key)
+
+
+def test_lease_zset_is_a_skiplist_while_leases_exist_and_goes_with_the_last(client: felix_redis.Client) -> None:
+    """Polls keep the lease zset out of the listpack encoding (linear inserts and removals,
+    quadratic per batch) with a sentinel member; counts ignore it and it leaves with the
+    last lease, whichever way that lease ends."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"a", b"b", b"c"])
+    lease = client.group_keys(T, N, S, G)[0]["lease"]
+    raw = client.redis
+    a, b = client.group_poll(T, N, S, 0, G, max_records=2)
+    assert _encoding(client, lease) in (b"skiplist", None)
+    assert client.group_describe(T, N, S, G).in_flight == 2
+    client.group_ack(T, N, S, 0, G, a)
+    assert client.group_describe(T, N, S, G).in_flight == 1
+    client.group_nack(T, N, S, 0, G, b)
+    assert not raw.exists(lease)
+    # the owed record comes first, then the new one; the lapse path also ends the zset
+    b2, c = client.group_poll(T, N, S, 0, G, max_records=2)
+    assert (b2.offset, b2.attempts, c.offset) == (b.offset, 2, 2)
+    raw.zadd(lease, {str(b2.offset): 1, str(c.offset): 1}, xx=True)  # both lapse
+    client.group_configure(T, N, S, G, max_attempts=2)
+    assert client.group_poll(T, N, S, 0, G, max_records=2)[0].offset == c.offset
+    assert client.group_describe(T, N, S, G).dead == 1
+    client.group_ack(T, N, S, 0, G, c.offset)
+    assert not raw.exists(lease)
+
+
+def test_lease_zset_written_without_the_sentinel_still_works(client: felix_redis.Client) -> None:
+    """A lease zset as an older felix-redis left it (listpack, no sentinel) is used as is."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"a", b"b"])
+    lease = client.group_keys(T, N, S, G)[0]["lease"]
+    raw = client.redis
+    (a,) = client.group_poll(T, N, S, 0, G, max_records=1)
+    raw.delete(lease)
+    raw.zadd(lease, {str(a.offset): 10**13})
+    assert _encoding(client, lease) in (b"listpack", None)
+    (b,) = client.group_poll(T, N, S, 0, G, max_records=1)
+    assert client.group_describe(T, N, S, G).in_flight == 2
+    assert client.group_ack_many(T, N, S, 0, G, [a.offset, b.offset]) == [True, True]
+    assert not raw.exists(lease)

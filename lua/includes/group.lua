@@ -60,7 +60,26 @@ local function load_group(K)
 end
 
 -- Writes back the parts of S that scripts change.
+-- The lease zset holds this member (score +inf) while it holds leases: a member longer
+-- than zset-max-listpack-value (64 bytes by default) keeps Redis from storing the zset
+-- as a listpack, whose inserts and removals scan the whole list (quadratic for a poll
+-- or an ack of a batch); a skiplist takes each in logarithmic time. It is never an
+-- offset, lies after every real lease, and goes with the last lease (save_group).
+local LEASE_SENTINEL = '~felix-redis: keeps this sorted set a skiplist; not a lease, '
+  .. 'removed with the last lease (docs/keys.md)~'
+
+-- The first real lease as {member, expiry} of a ZRANGE WITHSCORES, or {} when none.
+local function first_lease(K)
+  local l = redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES')
+  if l[1] == LEASE_SENTINEL then return {} end
+  return l
+end
+
 local function save_group(K, S)
+  if S.unleased then
+    -- leases were removed: only the sentinel left means no lease at all
+    if redis.call('ZCOUNT', K.lease, '-inf', '(+inf') == 0 then redis.call('DEL', K.lease) end
+  end
   if S.dirty then
     redis.call('HSET', K.group, 'pos', fmt(S.pos), 'next', fmt(S.next), 'wseq', fmt(S.wseq),
       'cons', S.cons and '1' or '0', 'trimmed', fmt(S.trimmed))
@@ -109,7 +128,7 @@ end
 -- Finishes record off: drops its lease or owed entry, attempts and owner.
 local function finish(K, S, off)
   local m = fmt(off)
-  if redis.call('ZREM', K.lease, m) == 0 then redis.call('ZREM', K.owed, m) end
+  if redis.call('ZREM', K.lease, m) == 0 then redis.call('ZREM', K.owed, m) else S.unleased = true end
   redis.call('HDEL', K.attempts, m)
   release_owner(K, S, m)
   mark_done(K, S, off)
@@ -200,7 +219,7 @@ local function next_due(K)
   local due = -1
   local o = redis.call('ZRANGE', K.owed, 0, 0, 'WITHSCORES')
   if #o > 0 then due = tonumber(o[2]) end
-  local l = redis.call('ZRANGE', K.lease, 0, 0, 'WITHSCORES')
+  local l = first_lease(K)
   if #l > 0 and (due < 0 or tonumber(l[2]) < due) then due = tonumber(l[2]) end
   return due
 end
