@@ -29,14 +29,15 @@ local ms = {}
 for i = 1, #ARGV do
   local v = ARGV[i]
   -- members are canonical decimal strings; anything else takes the checking path
-  if #v > 15 or not string.find(v, '^%d+$') or (#v > 1 and string.byte(v, 1) == 48) then
+  if #v > 15 or not s_find(v, '^%d+$') or (#v > 1 and s_byte(v, 1) == 48) then
     v = fmt(int_arg(v, 'offset', 0, 2 ^ 52))
   end
   ms[i] = v
 end
 local K = group_keys()
 local S = load_group(K)
-local uniq, first = {}, {}
+local uniq, first, offs = {}, {}, {}
+local ascending, last = true, -1
 for i, m in ipairs(ms) do
   local off = tonumber(m)
   if off >= S.next then
@@ -45,6 +46,9 @@ for i, m in ipairs(ms) do
   if not first[m] then
     first[m] = i
     uniq[#uniq + 1] = m
+    offs[#offs + 1] = off
+    if off < last then ascending = false end
+    last = off
   end
 end
 -- unfinished = in flight (lease) or owed; anything else delivered is finished already
@@ -74,6 +78,10 @@ if removed < #uniq then
 end
 local out = {}
 for i, m in ipairs(ms) do out[i] = first[m] == i and 1 or 0 end
-if #unfinished > 0 then finish_many(K, S, unfinished) end
+if #unfinished > 0 then
+  -- offsets in order (acks of a poll's records usually are) need no sort
+  if unfinished ~= uniq then offs = nil elseif not ascending then table.sort(offs) end
+  finish_many(K, S, unfinished, offs)
+end
 save_group(K, S)
 return out

@@ -39,7 +39,7 @@ local reclaimed = false
 if reclaim and consumer ~= '' and S.cons then
   local mine = redis.call('ZRANGEBYLEX', K.byowner, '[' .. consumer .. '|', '(' .. consumer .. '}')
   for _, member in ipairs(mine) do
-    local m = string.sub(member, #consumer + 2)
+    local m = s_sub(member, #consumer + 2)
     redis.call('ZREM', K.byowner, member)
     redis.call('HDEL', K.owner, m)
     if redis.call('ZREM', K.lease, m) == 1 then
@@ -149,13 +149,13 @@ if want > 0 and S.next < S.tail then
   local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(want))
   local first = S.next
   local count = #entries
-  if count > 0 and string.find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
+  if count > 0 and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order
     for i, e in ipairs(entries) do lease(fmt(first + i - 1), e[1], 1, e[2]) end
     S.next = first + count
   else
     for _, e in ipairs(entries) do
-      local m = string.match(e[1], '^%d+')
+      local m = s_match(e[1], '^%d+')
       local off = tonumber(m)
       if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
       lease(m, e[1], 1, e[2])

@@ -40,7 +40,7 @@ if pid ~= '' then
   if seq < 1 then fail('INVALID', 'sequence must be >= 1') end
   local state = typed_call('string', 'GET', KEYS[3])
   if state then
-    local e, last, first, n, ms = string.match(state, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    local e, last, first, n, ms = s_match(state, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
     if e == epoch then
       last = tonumber(last)
       if seq == last then

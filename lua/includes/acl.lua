@@ -11,20 +11,20 @@
 local function acl_base()
   local k1 = KEYS[1] or ''
   -- PREFIX:{TAG}...: no braces in PREFIX nor in TAG
-  local open = string.find(k1, '[{}]')
-  local close = open and string.find(k1, '[{}]', open + 1)
-  if not close or open < 2 or string.byte(k1, open - 1) ~= 58 or string.byte(k1, open) ~= 123
-      or string.byte(k1, close) ~= 125 then
+  local open = s_find(k1, '[{}]')
+  local close = open and s_find(k1, '[{}]', open + 1)
+  if not close or open < 2 or s_byte(k1, open - 1) ~= 58 or s_byte(k1, open) ~= 123
+      or s_byte(k1, close) ~= 125 then
     fail('INVALID', 'key ' .. tostring(KEYS[1]) .. ' is not a felix-redis shard key')
   end
-  local base = string.sub(k1, 1, close) .. ':'
+  local base = s_sub(k1, 1, close) .. ':'
   for i = 2, #KEYS do
     -- a plain find at 1: no substring is made per key
-    if string.find(KEYS[i], base, 1, true) ~= 1 then
+    if s_find(KEYS[i], base, 1, true) ~= 1 then
       fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. KEYS[1])
     end
   end
-  return string.sub(k1, 1, open - 2), string.sub(k1, open + 1, close - 1)
+  return s_sub(k1, 1, open - 2), s_sub(k1, open + 1, close - 1)
 end
 
 local function stream_of(tag)
@@ -37,12 +37,12 @@ local function require_group_role(role)
   local prefix, tag = acl_base()
   local k3 = KEYS[3] or ''
   local at = #prefix + #tag + 5 -- just after 'PREFIX:{TAG}:', which acl_base checked
-  local group = string.sub(k3, at + 2)
-  if string.sub(k3, at, at + 1) ~= 'g:' or group == '' or string.find(group, ':', 1, true) then
+  local group = s_sub(k3, at + 2)
+  if s_sub(k3, at, at + 1) ~= 'g:' or group == '' or s_find(group, ':', 1, true) then
     fail('INVALID', 'KEYS[3] is not a group key')
   end
   if not redis.acl_check_cmd then return end
-  local cap = prefix .. 'cap:{' .. tag .. '}:g:' .. group .. ':' .. string.sub(role, 7)
+  local cap = prefix .. 'cap:{' .. tag .. '}:g:' .. group .. ':' .. s_sub(role, 7)
   if not redis.acl_check_cmd('EVALSHA', '0', '1', cap) then
     fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on group ' .. group .. ' of stream '
       .. stream_of(tag) .. ' (no ACL access to ' .. cap .. ')')
@@ -56,7 +56,7 @@ local function require_stream_role(...)
   local prefix, tag = acl_base()
   local roles, caps = {...}, {}
   for i, role in ipairs(roles) do
-    caps[i] = prefix .. 'cap:{' .. tag .. '}:' .. string.sub(role, 8)
+    caps[i] = prefix .. 'cap:{' .. tag .. '}:' .. s_sub(role, 8)
     if redis.acl_check_cmd('EVALSHA', '0', '1', caps[i]) then return end
   end
   fail('NOPERM', 'this Redis user lacks the ' .. table.concat(roles, ' or ') .. ' role on stream '

@@ -13,9 +13,16 @@ for _, rt in ipairs(GROUP_ROLE_TYPES) do GROUP_KEY_TYPES[#GROUP_KEY_TYPES + 1] =
 -- K: role -> key name, and K.types: role -> the key's type ('none' when missing) once
 -- load_group has checked them all.
 local function group_keys()
-  local K = {types = {}}
-  for i, kt in ipairs(GROUP_KEY_TYPES) do K[kt[1]] = KEYS[i] end
-  return K
+  -- table constructors size the tables once (filling them key by key rehashes 4 times)
+  return {
+    meta = KEYS[1], log = KEYS[2], group = KEYS[3], lease = KEYS[4], owed = KEYS[5],
+    attempts = KEYS[6], done = KEYS[7], redo = KEYS[8], dead = KEYS[9], owner = KEYS[10],
+    byowner = KEYS[11], wake = KEYS[12],
+    types = {
+      meta = false, log = false, group = false, lease = false, owed = false, attempts = false,
+      done = false, redo = false, dead = false, owner = false, byowner = false, wake = false,
+    },
+  }
 end
 
 -- Checks the type of every key of the group (WRONGTYPE on a foreign type) and records
@@ -134,11 +141,12 @@ local function finish(K, S, off)
   mark_done(K, S, off)
 end
 
--- Finishes many records at once (ack): ms are members known to be unfinished. Their
+-- Finishes many records at once (ack): ms are members known to be unfinished (offs, if
+-- given: their offsets in ascending order). Their
 -- lease or owed entries must already be removed; a missing attempts hash or done set
 -- costs no command. The position walks over the sorted offsets without set operations
 -- when they continue it (in-order acks).
-local function finish_many(K, S, ms)
+local function finish_many(K, S, ms, offs)
   if K.types.attempts ~= 'none' then call_many('HDEL', K.attempts, ms) end
   if S.cons then
     local owners = call_many('HMGET', K.owner, ms)
@@ -149,9 +157,11 @@ local function finish_many(K, S, ms)
       call_many('ZREM', K.byowner, held)
     end
   end
-  local offs = {}
-  for i, m in ipairs(ms) do offs[i] = tonumber(m) end
-  table.sort(offs)
+  if not offs then
+    offs = {}
+    for i, m in ipairs(ms) do offs[i] = tonumber(m) end
+    table.sort(offs)
+  end
   local below, above = {}, {}
   local start_pos = S.pos
   for _, off in ipairs(offs) do

@@ -2,13 +2,17 @@
 -- Errors are raised as {felix = 'FELIX_<CODE> <message>'} and turned into an error
 -- reply by the loader's epilogue, so they work the same on Redis and on fakeredis.
 
+-- The string functions the hot paths call, as locals: an upvalue is read faster than
+-- the global string table's field (about a third of a short call's cost).
+local s_find, s_sub, s_byte, s_format, s_match = string.find, string.sub, string.byte, string.format, string.match
+
 local function fail(code, message)
   error({felix = 'FELIX_' .. code .. ' ' .. message}, 0)
 end
 
 -- An integer as a decimal string (tostring would give 1e+15).
 local function fmt(n)
-  return string.format('%d', n)
+  return s_format('%d', n)
 end
 
 -- Milliseconds since the epoch, from the Redis server's clock.
@@ -19,8 +23,8 @@ end
 
 -- A decimal integer argument within [lo, hi]; anything else fails with INVALID.
 local function int_arg(value, what, lo, hi)
-  if type(value) ~= 'string' or #value > 16 or not string.match(value, '^%-?%d+$') then
-    fail('INVALID', what .. ' must be an integer, got ' .. string.sub(tostring(value), 1, 40))
+  if type(value) ~= 'string' or #value > 16 or not s_match(value, '^%-?%d+$') then
+    fail('INVALID', what .. ' must be an integer, got ' .. s_sub(tostring(value), 1, 40))
   end
   local n = tonumber(value)
   if n < lo or n > hi then
@@ -46,7 +50,7 @@ local function typed_call(want, cmd, key, ...)
   local r = redis.pcall(cmd, key, ...)
   if type(r) == 'table' and r.err then
     -- (fakeredis hands the message over as userdata)
-    if string.find(tostring(r.err), 'WRONGTYPE', 1, true) then expect_type(key, want) end
+    if s_find(tostring(r.err), 'WRONGTYPE', 1, true) then expect_type(key, want) end
     error(r, 0)
   end
   return r
@@ -54,8 +58,8 @@ end
 
 -- Offset and publish time (ms) from a log entry ID 'OFFSET-MS'.
 local function parse_id(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), string.sub(id, dash + 1)
+  local dash = s_find(id, '-', 1, true)
+  return tonumber(s_sub(id, 1, dash - 1)), s_sub(id, dash + 1)
 end
 
 -- Payload and key (false when none) of a log entry's field list.
