@@ -26,9 +26,21 @@ local function group_keys()
 end
 
 -- Checks the type of every key of the group (WRONGTYPE on a foreign type) and records
--- it: a missing key then costs no command where it would only be read or cleaned.
+-- it: a missing key then costs no command where it would only be read or cleaned. The
+-- check is the type's own size command (an integer reply is cheaper than TYPE's status
+-- reply); only a WRONGTYPE error asks TYPE, for the message.
+local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', set = 'SCARD', stream = 'XLEN'}
 local function check_types(K)
-  for _, kt in ipairs(GROUP_KEY_TYPES) do K.types[kt[1]] = expect_type(K[kt[1]], kt[2]) end
+  local types = K.types
+  for _, kt in ipairs(GROUP_KEY_TYPES) do
+    local role, want = kt[1], kt[2]
+    local n = redis.pcall(SIZE_OF[want], K[role])
+    if type(n) == 'table' then
+      expect_type(K[role], want)
+      error(n, 0)
+    end
+    types[role] = n > 0 and want or 'none'
+  end
 end
 
 -- redis.call(cmd, key, prefix..., members...) in chunks (Lua's unpack has a limit);
