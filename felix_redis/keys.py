@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from felix_redis.constants import KEY_MAX_BYTES, NAME_MAX_LEN, NAME_PATTERN
 from felix_redis.errors import InvalidArgument
@@ -24,8 +24,16 @@ GROUP_ROLES = (
 )
 
 
+#: Names that passed :func:`check_name` (exact str only), so a name used again is not
+#: matched again; bounded, it starts over when full.
+_checked: set[str] = set()
+_CHECKED_MAX = 4096
+
+
 def check_name(value: object, what: str) -> str:
     """``value`` if it is a valid tenant/namespace/stream/group/consumer name."""
+    if type(value) is str and value in _checked:
+        return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} name must be a string, got {type(value).__name__}")
     if not value:
@@ -39,6 +47,10 @@ def check_name(value: object, what: str) -> str:
             f"{what} name {value!r} is not allowed: use ASCII letters, digits, '_', '.' "
             "and '-', starting with a letter or digit"
         )
+    if type(value) is str:
+        if len(_checked) >= _CHECKED_MAX:
+            _checked.clear()
+        _checked.add(value)
     return value
 
 
@@ -71,6 +83,11 @@ class StreamName:
     tenant: str
     namespace: str
     stream: str
+    #: ``tenant/namespace/stream``, made once
+    path: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", f"{self.tenant}/{self.namespace}/{self.stream}")
 
     @classmethod
     def of(cls, prefix: str, tenant: str, namespace: str, stream: str) -> StreamName:
@@ -80,10 +97,6 @@ class StreamName:
             check_name(namespace, "namespace"),
             check_name(stream, "stream"),
         )
-
-    @property
-    def path(self) -> str:
-        return f"{self.tenant}/{self.namespace}/{self.stream}"
 
     def base(self, shard: int) -> str:
         return f"{self.prefix}:{{{self.path}/{shard}}}"

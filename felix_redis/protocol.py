@@ -378,6 +378,43 @@ def resolve(ref: object, shard: int | None, *, need_attempts: bool) -> Target:
     return target
 
 
+MAX_OFFSET = 2**52
+
+
+def offsets_of(refs: Iterable[Any], shard: int) -> list[int]:
+    """The offsets of ``refs`` on ``shard``, as :func:`resolve` would give them: plain
+    ints and Records of that shard are taken as they are; anything else goes through
+    resolve (which also gives the error for bad input)."""
+    out: list[int] = []
+    add = out.append
+    for ref in refs:
+        kind = type(ref)
+        if kind is int and 0 <= ref <= MAX_OFFSET:
+            add(ref)
+        elif kind is Record and ref.shard == shard:
+            add(ref.offset)
+        else:
+            add(resolve(ref, shard, need_attempts=False).offset)
+    return out
+
+
+#: Entries each per-client cache of checked names and built keys holds; a client that
+#: touches more streams or groups than that starts the cache over.
+CACHE_MAX = 1024
+
+
+def _plain(tenant: object, namespace: object, stream: object, shard: object, group: object) -> bool:
+    """True for exact str names and an exact int shard: the calls the caches serve."""
+    return (type(shard) is int and type(group) is str and type(tenant) is str
+            and type(namespace) is str and type(stream) is str)
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+
+
 # ------------------------------------------------------------------------------ core
 
 
@@ -403,6 +440,15 @@ class Core:
         self.retry_for = retry_for
         self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
         self._settings: dict[str, StreamSettings] = {}
+        # Checked names and built keys, so that a repeated call neither matches a name
+        # pattern nor builds a key again. Only calls whose names are exact str and shard
+        # an exact int are looked up here (no bool, float or subclass is ever equal to a
+        # cached entry); anything else takes the checked path.
+        self._names: dict[tuple[str, str, str], StreamName] = {}
+        #: (tenant, namespace, stream, shard, group) -> (name, path, keys, context)
+        self._groups: dict[tuple[str, str, str, int, str], tuple[StreamName, str, list[str], str]] = {}
+        #: (path, shard) -> (meta key, log key, context), for publishing
+        self._shards: dict[tuple[str, int], tuple[str, str, str]] = {}
         self._last_trim: dict[tuple[str, int], float] = {}
         self.producers = ProducerPool()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -410,14 +456,28 @@ class Core:
     # -- names and settings
 
     def name(self, tenant: str, namespace: str, stream: str) -> StreamName:
+        if type(tenant) is str and type(namespace) is str and type(stream) is str:
+            where = (tenant, namespace, stream)
+            name = self._names.get(where)
+            if name is None:
+                name = StreamName.of(self.prefix, tenant, namespace, stream)
+                _remember(self._names, where, name)
+            return name
         return StreamName.of(self.prefix, tenant, namespace, stream)
 
     def forget(self, name: StreamName) -> None:
         self._settings.pop(name.path, None)
 
-    def settings(self, name: StreamName) -> Plan[StreamSettings]:
-        cached = self._settings.get(name.path)
+    def fresh_settings(self, path: str) -> StreamSettings | None:
+        """The cached settings of stream ``path`` while they are fresh, else None."""
+        cached = self._settings.get(path)
         if cached is not None and time.monotonic() - cached.loaded_at < self.settings_ttl_s:
+            return cached
+        return None
+
+    def settings(self, name: StreamName) -> Plan[StreamSettings]:
+        cached = self.fresh_settings(name.path)
+        if cached is not None:
             return cached
         reply = yield Eval(
             "stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}"
@@ -632,6 +692,17 @@ class Core:
         finally:
             self.producers.release(state)
 
+    def shard_target(self, name: StreamName, shard: int) -> tuple[str, str, str]:
+        """The meta and log keys of a checked shard, and the context errors name."""
+        where = (name.path, shard)
+        hit = self._shards.get(where) if type(shard) is int else None
+        if hit is None:
+            meta, log = name.shard_keys(shard)
+            hit = (meta, log, f"stream {name.path} shard {shard}")
+            if type(shard) is int:
+                _remember(self._shards, where, hit)
+        return hit
+
     def choose_shard(self, settings: StreamSettings, shard: int | None, key: bytes | None) -> int:
         if key is not None and shard is None:
             return shard_for_key(key, settings.shards)
@@ -654,7 +725,7 @@ class Core:
             raise InvalidArgument("nothing to publish: the batch is empty")
         if len(payloads) > C.MAX_BATCH:
             raise InvalidArgument(f"a batch holds at most {C.MAX_BATCH} payloads, got {len(payloads)}")
-        settings = yield from self.settings(name)
+        settings = self.fresh_settings(name.path) or (yield from self.settings(name))
         for i, payload in enumerate(payloads):
             if len(payload) > settings.max_payload:
                 raise InvalidArgument(
@@ -665,15 +736,15 @@ class Core:
             shard = self.shard_of(name, settings, shard)
         else:
             shard = self.choose_shard(settings, None, raw_key)
-        keys = name.shard_keys(shard)
-        context = f"stream {name.path} shard {shard}"
+        meta, log, context = self.shard_target(name, shard)
+        trims = bool(settings.max_len or settings.max_age)
         if producer is None:
-            keys.append(keys[0])
             reply = yield Eval(
-                "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
+                "publish", [meta, log, meta], [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
                 context, settings.replicas,
             )
-            yield from self.maybe_trim(name, settings, shard, reply)
+            if trims:
+                yield from self.maybe_trim(name, settings, shard, reply)
             return shard, int(reply[0]), int(reply[1])
         # One plan at a time per producer (the caller holds its lock, or borrowed it
         # from the pool): its sequences reach a shard in order.
@@ -682,9 +753,9 @@ class Core:
         pid = producer.producer_id
         slot = (name.path, shard)
         seq = producer.sequences.get(slot, 0) + 1
-        keys.append(name.producer_key(shard, pid))
         op = Eval(
-            "publish", keys, [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
+            "publish", [meta, log, name.producer_key(shard, pid)],
+            [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
             context, settings.replicas,
         )
         try:
@@ -710,7 +781,8 @@ class Core:
             producer.reset()
             raise
         producer.sequences[slot] = seq
-        yield from self.maybe_trim(name, settings, shard, reply)
+        if trims:
+            yield from self.maybe_trim(name, settings, shard, reply)
         return shard, int(reply[0]), int(reply[1])
 
     # -- retention
@@ -872,15 +944,50 @@ class Core:
             if not existed:
                 raise NotFound(f"group {group} on stream {name.path} does not exist")
 
+    def group_target(
+        self, tenant: Any, namespace: Any, stream: Any, shard: Any, group: Any
+    ) -> tuple[StreamName, StreamSettings, int, list[str], str] | None:
+        """What :meth:`_group_op` returns, from the cache and without a round trip, for a
+        group and shard it checked before while the stream's settings are fresh; else
+        None. The keys list is shared: callers must not change it."""
+        if not _plain(tenant, namespace, stream, shard, group):
+            return None
+        hit = self._groups.get((tenant, namespace, stream, shard, group))
+        if hit is None:
+            return None
+        name, path, keys, context = hit
+        settings = self._settings.get(path)
+        if (settings is None or time.monotonic() - settings.loaded_at >= self.settings_ttl_s
+                or shard >= settings.shards):
+            return None
+        return name, settings, shard, keys, context
+
     def _group_op(
         self, tenant: str, namespace: str, stream: str, shard: object, group: str
     ) -> Plan[tuple[StreamName, StreamSettings, int, list[str], str]]:
+        hit = self.group_target(tenant, namespace, stream, shard, group)
+        if hit is not None:
+            return hit
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
-        shard = self.shard_of(name, settings, shard)
-        keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
-        return name, settings, shard, keys, f"group {group} on stream {name.path} shard {shard}"
+        checked = self.shard_of(name, settings, shard)
+        keys, context = self.group_shard_keys(name, checked, group)
+        return name, settings, checked, keys, context
+
+    def group_shard_keys(self, name: StreamName, shard: int, group: str) -> tuple[list[str], str]:
+        """The keys of a group on a shard (shard roles, then group roles) and the context
+        errors name; ``shard`` and ``group`` must have been checked. The keys list is
+        shared: callers must not change it."""
+        where = (name.tenant, name.namespace, name.stream, shard, group)
+        plain = _plain(*where)
+        hit = self._groups.get(where) if plain else None
+        if hit is None:
+            keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
+            hit = (name, name.path, keys, f"group {group} on stream {name.path} shard {shard}")
+            if plain:
+                _remember(self._groups, where, hit)
+        return hit[2], hit[3]
 
     def group_poll(
         self,
@@ -894,14 +1001,15 @@ class Core:
         consumer: str | None = None,
         reclaim: bool = False,
     ) -> Plan[list[Record]]:
-        max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
+        if type(max_records) is not int or not 1 <= max_records <= C.MAX_RECORDS_PER_POLL:
+            max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
         wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
         if consumer is not None:
             check_name(consumer, "consumer")
         elif reclaim:
             raise InvalidArgument("reclaim needs a consumer name")
-        _name, settings, shard, keys, context = yield from self._group_op(
-            tenant, namespace, stream, shard, group)
+        _name, settings, shard, keys, context = self.group_target(tenant, namespace, stream, shard, group) \
+            or (yield from self._group_op(tenant, namespace, stream, shard, group))
         deadline = time.monotonic() + wait_ms / 1000
         args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
         while True:
@@ -962,9 +1070,9 @@ class Core:
                 first = reclaim and consumer is not None and shard not in reclaimed
                 if first:
                     reclaimed.add(shard)
+                keys, shard_context = self.group_shard_keys(name, shard, group)
                 return Eval(
-                    "group_poll", [*name.shard_keys(shard), *name.group_keys(shard, group)],
-                    [want, consumer or "", 1 if first else 0], f"{context} shard {shard}", settings.replicas,
+                    "group_poll", keys, [want, consumer or "", 1 if first else 0], shard_context, settings.replicas,
                 )
 
             def take(
@@ -974,7 +1082,7 @@ class Core:
                 nonlocal block_ms
                 count = int(reply[4])
                 out.extend(parse_delivered(reply, 5, count, shard))
-                points.update(wake_points(name.shard_keys(shard) + name.group_keys(shard, group), reply))
+                points.update(wake_points(self.group_shard_keys(name, shard, group)[0], reply))
                 due = int(reply[1])
                 if due >= 0:
                     until = max(1, due - int(reply[0]) + 1)
@@ -1022,8 +1130,9 @@ class Core:
         """Acks records of several shards: one script call per shard, one round trip."""
         calls = []
         for shard, refs in by_shard.items():
-            _name, settings, shard, keys, context = yield from self._group_op(tenant, namespace, stream, shard, group)
-            offsets = [resolve(ref, shard, need_attempts=False).offset for ref in refs]
+            _name, settings, shard, keys, context = self.group_target(tenant, namespace, stream, shard, group) \
+                or (yield from self._group_op(tenant, namespace, stream, shard, group))
+            offsets = offsets_of(refs, shard)
             for start in range(0, len(offsets), C.MAX_BATCH):
                 calls.append(Eval("group_ack", keys, offsets[start:start + C.MAX_BATCH], context, settings.replicas))
         if not calls:
@@ -1037,15 +1146,15 @@ class Core:
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
     ) -> Plan[list[bool]]:
-        _name, settings, shard, keys, context = yield from self._group_op(
-            tenant, namespace, stream, shard, group)
-        offsets = [resolve(ref, shard, need_attempts=False).offset for ref in check_list(refs, "offsets")]
+        _name, settings, shard, keys, context = self.group_target(tenant, namespace, stream, shard, group) \
+            or (yield from self._group_op(tenant, namespace, stream, shard, group))
+        offsets = offsets_of(refs if type(refs) is list else check_list(refs, "offsets"), shard)
         if not offsets:
             return []
         if len(offsets) > C.MAX_BATCH:
             raise InvalidArgument(f"ack takes at most {C.MAX_BATCH} offsets at once")
         reply = yield Eval("group_ack", keys, offsets, context, settings.replicas)
-        return [bool(int(x)) for x in reply]
+        return [x == 1 or bool(int(x)) for x in reply]
 
     def group_nack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,
@@ -1116,7 +1225,7 @@ class Core:
         _name, settings, shard, keys, context = yield from self._group_op(
             tenant, namespace, stream, shard, group)
         if offsets is not None:
-            chosen = [resolve(ref, shard, need_attempts=False).offset for ref in check_list(offsets, "offsets")]
+            chosen = offsets_of(check_list(offsets, "offsets"), shard)
             if not chosen:
                 return 0
             if len(chosen) > C.MAX_BATCH:
