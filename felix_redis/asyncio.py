@@ -128,7 +128,13 @@ class AsyncClient:
                 script = self._scripts[op.script]
                 if op.replicas:
                     return await self._eval_and_wait(script, op)
-                return await script(keys=op.keys, args=op.args)
+                # as in the sync client: EVALSHA through execute_command, as redis-py's
+                # Script object runs it, without its extra argument copying
+                try:
+                    return await self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
+                except NoScriptError:
+                    await self.redis.script_load(script.script)
+                    return await self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
             if type(op) is Cmd:
                 if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     node = self.redis.get_node_from_key(op.key)
@@ -281,7 +287,9 @@ class AsyncClient:
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
         shard: int | None = None, key: str | bytes | None = None,
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], shard=shard, key=key))[0]
+        s, first, _count = await self._drive(self.core.publish_plain(
+            tenant, namespace, stream, [as_bytes(payload)], shard, key))
+        return Published(s, first)
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str

@@ -187,7 +187,15 @@ class Client:
                 script = self._scripts[op.script]
                 if op.replicas:
                     return self._eval_and_wait(script, op)
-                return script(keys=op.keys, args=op.args)
+                # EVALSHA through execute_command, as redis-py's Script object runs it
+                # (with redis-py's own retries, Sentinel and Cluster routing), without
+                # the Script object's extra layers of argument copying
+                try:
+                    return self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
+                except NoScriptError:
+                    # a restarted or new server: load the script there, run it again
+                    self.redis.script_load(script.script)
+                    return self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
             if type(op) is Cmd:
                 if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     return self.redis.get_node_from_key(op.key).redis_connection.execute_command(*op.args)
@@ -343,7 +351,10 @@ class Client:
         key: str | bytes | None = None,
     ) -> Published:
         """Appends one record. Routed by ``shard``, else by ``key``, else round-robin."""
-        return self.publish_batch(tenant, namespace, stream, [payload], shard=shard, key=key)[0]
+        # publish_batch of [payload], without the list's extra checks and objects
+        s, first, _count = self._drive(self.core.publish_plain(
+            tenant, namespace, stream, [as_bytes(payload)], shard, key))
+        return Published(s, first)
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
