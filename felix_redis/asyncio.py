@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import AskError, NoScriptError, ResponseError
+from redis.exceptions import AskError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -81,10 +81,7 @@ class AsyncClient:
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
-        self._scripts = {
-            name: redis_client.register_script(src.source)
-            for name, src in scripts.load_all().items()
-        }
+        self._runner = scripts.Runner()
 
     # -- driver
 
@@ -125,16 +122,9 @@ class AsyncClient:
                 # 8.1 then fails with AttributeError on the connection's writer).
                 await self.redis.initialize()
             if type(op) is Eval:
-                script = self._scripts[op.script]
                 if op.replicas:
-                    return await self._eval_and_wait(script, op)
-                # as in the sync client: EVALSHA through execute_command, as redis-py's
-                # Script object runs it, without its extra argument copying
-                try:
-                    return await self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
-                except NoScriptError:
-                    await self.redis.script_load(script.script)
-                    return await self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
+                    return await self._eval_and_wait(op)
+                return await self._eval(op)
             if type(op) is Cmd:
                 if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     node = self.redis.get_node_from_key(op.key)
@@ -153,6 +143,31 @@ class AsyncClient:
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
 
+    async def _eval(self, op: Eval) -> Any:
+        """As :meth:`felix_redis.Client._eval`, on redis.asyncio."""
+        runner = self._runner
+        for _ in range(3):
+            try:
+                return await self.redis.execute_command(*runner.command(op.script, op.keys, op.args))
+            except ResponseError as exc:
+                if runner.missing(exc):
+                    await self._load(op.script)
+                elif not runner.refused(exc):
+                    raise
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+
+    async def _load(self, name: str) -> None:
+        """As :meth:`felix_redis.Client._load`, on redis.asyncio."""
+        runner = self._runner
+        try:
+            if runner.functions:
+                await self.redis.function_load(runner.library.code, replace=True)
+            else:
+                await self.redis.script_load(runner.sources[name].source)
+        except ResponseError as exc:
+            if not runner.refused(exc):
+                raise
+
     async def _batch(self, op: Batch) -> list[Any]:
         """As :meth:`felix_redis.Client._batch`, on redis.asyncio."""
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
@@ -163,13 +178,13 @@ class AsyncClient:
                 except FelixError as exc:
                     results.append(exc)
             return results
-        run = BatchRun(op, self._scripts, self.url)
+        run = BatchRun(op, self._runner, self.url)
         while (commands := run.commands()) is not None:
             pipe = self.redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
-            for source in run.take(await pipe.execute(raise_on_error=False)):
-                await self.redis.script_load(source)
+            for name in run.take(await pipe.execute(raise_on_error=False)):
+                await self._load(name)
         return run.results
 
     async def _block(self, op: BlockAny) -> Any:
@@ -186,25 +201,26 @@ class AsyncClient:
                 await task
         return next(iter(done)).result()
 
-    async def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+    async def _eval_and_wait(self, op: Eval) -> Any:
         """The script and ``WAIT`` in one round trip on one connection (on Redis Cluster
         a connection of the node that owns the key), so WAIT counts the replicas of the
-        node that took the write. NOSCRIPT loads the script there and runs it again;
+        node that took the write. A server without the library or script gets it loaded
+        there and the call again;
         MOVED/ASK (the script did not run) refreshes the slot map and runs it again."""
         timeout = self.core.wait_timeout_ms
-        commands = [
-            ("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args),
-            ("WAIT", op.replicas, timeout),
-        ]
+        runner = self._runner
         for _ in range(4):
+            commands = [runner.command(op.script, op.keys, op.args), ("WAIT", op.replicas, timeout)]
             node = self.redis.get_node_from_key(op.keys[0]) if self._cluster else None
             conn = node.acquire_connection() if node is not None else await self.redis.connection_pool.get_connection()
             try:
                 await conn.send_packed_command(conn.pack_commands(commands))
                 result, acked = await _areply(conn), await _areply(conn)
-                if isinstance(result, NoScriptError):
-                    await conn.send_command("SCRIPT", "LOAD", script.script)
-                    await conn.read_response()
+                if runner.missing(result):
+                    await conn.send_command(*runner.load(op.script))
+                    loaded = await _areply(conn)
+                    if isinstance(loaded, Exception) and not runner.refused(loaded):
+                        raise loaded
             except (RedisConnectionError, RedisTimeoutError, OSError, asyncio.CancelledError):
                 # A connection left mid-reply must not go back to the pool as it is.
                 await conn.disconnect()
@@ -215,7 +231,7 @@ class AsyncClient:
                     node.release(conn)
                 else:
                     await self.redis.connection_pool.release(conn)
-            if isinstance(result, NoScriptError):
+            if runner.missing(result) or runner.refused(result):
                 continue
             if isinstance(result, AskError) and self._cluster:
                 await self._refresh_slots()

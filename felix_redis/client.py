@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 from redis.exceptions import (
     AskError,
     ClusterError,
-    NoScriptError,
     ReadOnlyError,
     RedisClusterException,
     ResponseError,
@@ -146,10 +145,7 @@ class Client:
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else _describe(redis_client)
-        self._scripts = {
-            name: redis_client.register_script(src.source)
-            for name, src in scripts.load_all().items()
-        }
+        self._runner = scripts.Runner()
 
     # -- driver
 
@@ -184,18 +180,9 @@ class Client:
     def _execute_once(self, op: Op) -> Any:
         try:
             if type(op) is Eval:
-                script = self._scripts[op.script]
                 if op.replicas:
-                    return self._eval_and_wait(script, op)
-                # EVALSHA through execute_command, as redis-py's Script object runs it
-                # (with redis-py's own retries, Sentinel and Cluster routing), without
-                # the Script object's extra layers of argument copying
-                try:
-                    return self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
-                except NoScriptError:
-                    # a restarted or new server: load the script there, run it again
-                    self.redis.script_load(script.script)
-                    return self.redis.execute_command("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args)
+                    return self._eval_and_wait(op)
+                return self._eval(op)
             if type(op) is Cmd:
                 if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
                     return self.redis.get_node_from_key(op.key).redis_connection.execute_command(*op.args)
@@ -214,18 +201,49 @@ class Client:
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise translate(exc, op, self.url) from None
 
+    def _eval(self, op: Eval) -> Any:
+        """FCALL (or EVALSHA) through execute_command, with redis-py's own retries,
+        Sentinel and Cluster routing. A server that does not hold the library (or the
+        script) gets it loaded and the call again; see :class:`scripts.Runner`."""
+        runner = self._runner
+        for _ in range(3):
+            try:
+                return self.redis.execute_command(*runner.command(op.script, op.keys, op.args))
+            except ResponseError as exc:
+                if runner.missing(exc):
+                    self._load(op.script)
+                elif not runner.refused(exc):
+                    raise
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+
+    def _run_script(self, name: str, keys: list[Any], args: list[Any]) -> Any:
+        """Script ``name`` as it is, redis-py errors untranslated (for tests and tools)."""
+        return self._eval(Eval(name, keys, args, name))
+
+    def _load(self, name: str) -> None:
+        """Loads the library (every primary of a Cluster), or the one script."""
+        runner = self._runner
+        try:
+            if runner.functions:
+                self.redis.function_load(runner.library.code, replace=True)
+            else:
+                self.redis.script_load(runner.sources[name].source)
+        except ResponseError as exc:
+            if not runner.refused(exc):
+                raise
+
     def _batch(self, op: Batch) -> list[Any]:
         """The calls in one pipeline (see :class:`BatchRun`); one by one on Cluster or
         with WAIT."""
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
             return [_outcome(self._execute_once, e) for e in op.ops]
-        run = BatchRun(op, self._scripts, self.url)
+        run = BatchRun(op, self._runner, self.url)
         while (commands := run.commands()) is not None:
             pipe = self.redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
-            for source in run.take(pipe.execute(raise_on_error=False)):
-                self.redis.script_load(source)
+            for name in run.take(pipe.execute(raise_on_error=False)):
+                self._load(name)
         return run.results
 
     def _block(self, op: BlockAny) -> Any:
@@ -238,16 +256,17 @@ class Client:
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
         return next(iter(done)).result()
 
-    def _eval_and_wait(self, script: Any, op: Eval) -> Any:
+    def _eval_and_wait(self, op: Eval) -> Any:
         """The script and ``WAIT`` in one round trip on one connection, so WAIT counts
         the replicas of the node that took the write.
 
-        NOSCRIPT (a restarted or newly promoted server) loads the script on that
-        connection and runs it again; on Redis Cluster a MOVED or ASK reply (the script
+        A server without the library or script (restarted, newly promoted) gets it
+        loaded on that connection and the call again; on Redis Cluster a MOVED or ASK reply (the script
         did not run there) refreshes the slot map and runs it again on the right node.
         A lost connection refreshes the slot map before the error goes up to
         :meth:`_execute`, which retries only operations that are safe to repeat."""
         timeout = self.core.wait_timeout_ms
+        runner = self._runner
         for _ in range(4):
             if self._cluster:
                 node = self.redis.get_node_from_key(op.keys[0])
@@ -257,20 +276,22 @@ class Client:
             conn = pool.get_connection()
             try:
                 conn.send_packed_command(conn.pack_commands([
-                    ("EVALSHA", script.sha, len(op.keys), *op.keys, *op.args),
+                    runner.command(op.script, op.keys, op.args),
                     ("WAIT", op.replicas, timeout),
                 ]))
                 result, acked = _reply(conn), _reply(conn)
-                if isinstance(result, NoScriptError):
-                    conn.send_command("SCRIPT", "LOAD", script.script)
-                    conn.read_response()
+                if runner.missing(result):
+                    conn.send_command(*runner.load(op.script))
+                    loaded = _reply(conn)
+                    if isinstance(loaded, Exception) and not runner.refused(loaded):
+                        raise loaded
             except (RedisConnectionError, RedisTimeoutError):
                 conn.disconnect()
                 self._refresh_slots()
                 raise
             finally:
                 pool.release(conn)
-            if isinstance(result, NoScriptError):
+            if runner.missing(result) or runner.refused(result):
                 continue
             if isinstance(result, AskError) and self._cluster:
                 self._refresh_slots()
@@ -554,13 +575,13 @@ def _reply(conn: Any) -> Any:
 
 
 class BatchRun:
-    """The driver-independent part of running a Batch as one pipeline of plain EVALSHA
-    commands (redis-py's script pipelines add a SCRIPT EXISTS round trip): the commands
-    to send, and what the replies mean. Calls answered NOSCRIPT did not run: their
-    scripts are loaded and those calls sent again."""
+    """The driver-independent part of running a Batch as one pipeline of plain FCALL
+    (or EVALSHA) commands: the commands to send, and what the replies mean. Calls that
+    did not run because the server lacks the library or script are sent again once it
+    is loaded; calls refused FCALL are sent again as EVALSHA (see :class:`scripts.Runner`)."""
 
-    def __init__(self, op: Batch, scripts: dict[str, Any], url: str) -> None:
-        self.op, self.scripts, self.url = op, scripts, url
+    def __init__(self, op: Batch, runner: scripts.Runner, url: str) -> None:
+        self.op, self.runner, self.url = op, runner, url
         self.results: list[Any] = [None] * len(op.ops)
         self.todo: list[int] = list(range(len(op.ops)))
         self.rounds = 0
@@ -570,21 +591,23 @@ class BatchRun:
         if not self.todo:
             return None
         self.rounds += 1
-        if self.rounds > 3:
-            raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (SCRIPT FLUSH?)")
-        return [("EVALSHA", self.scripts[e.script].sha, len(e.keys), *e.keys, *e.args)
-                for e in (self.op.ops[i] for i in self.todo)]
+        if self.rounds > 4:
+            raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+        return [self.runner.command(e.script, e.keys, e.args) for e in (self.op.ops[i] for i in self.todo)]
 
     def take(self, replies: list[Any]) -> set[str]:
-        """Records the replies; returns the sources of the scripts to load first."""
-        again = []
+        """Records the replies; returns the names of the scripts to load first."""
+        again, load = [], set()
         for i, reply in zip(self.todo, replies, strict=True):
-            if isinstance(reply, NoScriptError):
+            if self.runner.missing(reply):
+                again.append(i)
+                load.add(self.op.ops[i].script)
+            elif self.runner.refused(reply):
                 again.append(i)
             else:
                 self.results[i] = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
         self.todo = again
-        return {self.scripts[self.op.ops[i].script].script for i in again}
+        return load
 
 
 def _outcome(run: Any, op: Eval) -> Any:

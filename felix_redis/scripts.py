@@ -9,12 +9,27 @@ on Redis and on fakeredis alike.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-__all__ = ["LuaSource", "ScriptError", "load", "load_all", "lua_dir", "script_names"]
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+
+__all__ = [
+    "READ_ONLY",
+    "Library",
+    "LuaSource",
+    "Runner",
+    "ScriptError",
+    "library",
+    "load",
+    "load_all",
+    "lua_dir",
+    "script_names",
+]
 
 _INCLUDE_RE = re.compile(r'^---\s*@include\s+"([A-Za-z0-9_/]+)"\s*$')
 _PRELUDE = "prelude"
@@ -30,6 +45,22 @@ return redis.error_reply(tostring(result))
 """
 
 
+#: Scripts that never write: as functions they carry the ``no-writes`` flag, so they run
+#: where a write would be refused (maxmemory reached), as they do through EVALSHA.
+READ_ONLY = frozenset({"stream_read", "stream_info", "group_describe", "group_dead_letters"})
+
+_FINISH = """
+local function finish(ok, result)
+  if ok then return result end
+  if type(result) == 'table' then
+    if result.felix then return redis.error_reply(result.felix) end
+    if result.err then return redis.error_reply(result.err) end
+  end
+  return redis.error_reply(tostring(result))
+end
+"""
+
+
 class ScriptError(Exception):
     """A script or include is missing, circular or included twice in one file."""
 
@@ -38,8 +69,23 @@ class ScriptError(Exception):
 class LuaSource:
     name: str
     body: str  # the script file as written
-    source: str  # what is sent to Redis
+    source: str  # what is sent to Redis (EVAL)
     includes: tuple[str, ...]
+    head: str = ""  # the prelude and includes, as in source
+    main: str = ""  # the body without its include lines, as in source
+
+
+@dataclass(frozen=True)
+class Library:
+    """Every script as one Redis function library (``FUNCTION LOAD``, then ``FCALL``).
+
+    A function library is compiled once when loaded, so a call runs only the script's
+    body; an EVAL script builds its includes' closures anew on every call. The name
+    carries a digest of the code, so clients of different versions load side by side."""
+
+    name: str
+    code: str
+    functions: dict[str, str]  # script name -> function name
 
 
 def lua_dir() -> Path:
@@ -102,8 +148,9 @@ def load(name: str, root: Path | None = None) -> LuaSource:
         _resolve(root, dep, (name,), done)
     parts = [f"-- felix-redis script: {name}"]
     parts += [f"-- include: {inc}\n{src}" for inc, src in done.items()]
-    parts.append(f"local function main()\n{text}end\n{_EPILOGUE}")
-    return LuaSource(name, body, "\n".join(parts), tuple(done))
+    head = "\n".join(parts)
+    source = f"{head}\nlocal function main()\n{text}end\n{_EPILOGUE}"
+    return LuaSource(name, body, source, tuple(done), head, text)
 
 
 def script_names(root: Path | None = None) -> list[str]:
@@ -115,3 +162,84 @@ def script_names(root: Path | None = None) -> list[str]:
 def load_all() -> dict[str, LuaSource]:
     """Every script of the installed ``lua/`` folder, by name."""
     return {name: load(name) for name in script_names()}
+
+
+@cache
+def library() -> Library:
+    """Every script of the installed ``lua/`` folder as one function library.
+
+    Each script becomes a function ``<library>_<script>``. Its includes and body are
+    built by a factory on the function's first call (the standard libraries are not
+    reachable while a library loads), and kept: later calls only run the body. KEYS and
+    ARGV, globals to an EVAL script, are the library's locals, set by each call (a
+    script never yields, so calls cannot interleave)."""
+    scripts = load_all()
+    digest = hashlib.sha1("\0".join(s.source for s in scripts.values()).encode()).hexdigest()[:12]
+    name = f"felix_{digest}"
+    parts = [f"#!lua name={name}", "-- felix-redis: the scripts of lua/ as functions", "local KEYS, ARGV", _FINISH]
+    functions = {}
+    for script, src in scripts.items():
+        fn = f"{name}_{script}"
+        functions[script] = fn
+        flags = ", flags = {'no-writes'}" if script in READ_ONLY else ""
+        parts.append(
+            f"do\n"
+            f"local main\n"
+            f"local function factory()\n{src.head}\nlocal function main()\n{src.main}end\nreturn main\nend\n"
+            f"redis.register_function{{function_name = '{fn}', callback = function(keys, args)\n"
+            f"  KEYS, ARGV = keys, args\n"
+            f"  if not main then main = factory() end\n"
+            f"  return finish(pcall(main))\n"
+            f"end{flags}}}\n"
+            f"end"
+        )
+    return Library(name, "\n".join(parts) + "\n", functions)
+
+
+class Runner:
+    """How one client runs the scripts: ``FCALL`` of the library's functions, else
+    ``EVALSHA``. The drivers send :meth:`command`, load what :meth:`missing` replies ask
+    for with :meth:`load`, and run a call again when :meth:`refused` switched it over.
+
+    A client starts with functions (``functions=True``) and falls back to EVALSHA for
+    the rest of its life when the server or the user can't use them: ``FCALL`` or
+    ``FUNCTION LOAD`` refused by ACL (roles get ``+fcall`` but only an administrator may
+    load libraries, docs/security.md), or a server without functions."""
+
+    def __init__(self, functions: bool = True) -> None:
+        self.functions = functions
+        self.library = library()
+        self.sources = load_all()
+        self.shas = {name: hashlib.sha1(src.source.encode()).hexdigest() for name, src in self.sources.items()}
+
+    def command(self, name: str, keys: Any, args: Any) -> tuple[Any, ...]:
+        """The command that runs script ``name``."""
+        if self.functions:
+            return ("FCALL", self.library.functions[name], len(keys), *keys, *args)
+        return ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+
+    def missing(self, reply: Any) -> bool:
+        """True when a reply says the call did not run: the server does not hold the
+        script (NOSCRIPT) or the function (a restart without persistence, a new node,
+        SCRIPT FLUSH or FUNCTION FLUSH)."""
+        if isinstance(reply, NoScriptError):
+            return True
+        return isinstance(reply, ResponseError) and str(reply).startswith("Function not found")
+
+    def load(self, name: str) -> tuple[str, ...]:
+        """The command that loads what script ``name`` needs on a server."""
+        if self.functions:
+            return ("FUNCTION", "LOAD", "REPLACE", self.library.code)
+        return ("SCRIPT", "LOAD", self.sources[name].source)
+
+    def refused(self, error: Any) -> bool:
+        """After ``FCALL`` or ``FUNCTION LOAD`` failed with ``error``: True, and from now
+        on EVALSHA, when the error says functions are not for this user or server (the
+        call did not run and may be sent again); False for any other error."""
+        if not self.functions or not isinstance(error, ResponseError):
+            return False
+        text = str(error).lower()
+        if isinstance(error, NoPermissionError) or "unknown command" in text or "unknown subcommand" in text:
+            self.functions = False
+            return True
+        return False

@@ -143,8 +143,8 @@ def test_1_state_survives_a_redis_restart_and_unfinished_records_come_back() -> 
         assert after.owed + after.in_flight == 4
         # The idempotent producer's last sequence survived too: a re-send lands once.
         key = f"{BASE0}:producer:{producer.id}"
-        reply = c._scripts["publish"](keys=[f"{BASE0}:meta", f"{BASE0}:log", key],
-                                      args=["", producer.id, 1, 3_600_000, b"idem"])
+        reply = c._run_script("publish", [f"{BASE0}:meta", f"{BASE0}:log", key],
+                             ["", producer.id, 1, 3_600_000, b"idem"])
         assert reply[:2] == [20, 1] and reply[3] == 1
         time.sleep(0.35)  # the leases granted before the restart lapse
         got = drain(c)
@@ -566,7 +566,7 @@ def test_7_raw_resend_gap_and_older_sequence(client: Client, unchanged: Any) -> 
     keys = [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:producer:{producer.id}"]
 
     def send(seq: int, *payloads: bytes) -> list[Any]:
-        return client._scripts["publish"](keys=keys, args=["", producer.id, seq, 3_600_000, *payloads])
+        return client._run_script("publish", keys, ["", producer.id, seq, 3_600_000, *payloads])
 
     def refused(seq: int, *payloads: bytes) -> felix_redis.FelixError | None:
         with pytest.raises(ResponseError) as info:

@@ -45,7 +45,7 @@ def lose_replies(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch, ti
 def run_publish_script(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> list[Any]:
     name = client.core.name(T, N, S)
     keys = [*name.shard_keys(0), name.producer_key(0, pid)]
-    return client._scripts["publish"](keys=keys, args=[b"", pid, seq, 3_600_000, *(payloads or [b"payload"])])
+    return client._run_script("publish", keys, [b"", pid, seq, 3_600_000, *(payloads or [b"payload"])])
 
 
 def script_error(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> Exception | None:

@@ -1,0 +1,138 @@
+"""The scripts as one Redis function library (FCALL), and the EVALSHA fallback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import felix_redis
+import felix_redis.asyncio as fa
+from felix_redis import scripts
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def calls(raw: redis.Redis, command: str) -> int:
+    return int(raw.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A RESP2 map (a flat list of names and values) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def drain_once(c: felix_redis.Client, n: int = 3) -> None:
+    """One publish, poll, ack cycle through every kind of call: single, batch, sharded."""
+    c.publish_batch(T, N, S, [b"x"] * n, shard=0)
+    records = c.group_poll(T, N, S, 0, G, max_records=n)
+    assert len(records) == n
+    assert c.group_ack_many(T, N, S, 0, G, records) == [True] * n
+    c.publish(T, N, S, b"y", shard=1)
+    items = c.group_sharded(T, N, S, G).poll(4)  # a pipeline of one call per shard
+    assert [i.record.payload for i in items] == [b"y"]
+    c.group_sharded(T, N, S, G).ack_many(items)
+
+
+@pytest.fixture
+def setup(redis_client: felix_redis.Client, raw: redis.Redis) -> Iterator[felix_redis.Client]:
+    redis_client.stream_create(T, N, S, shards=2)
+    redis_client.group_create(T, N, S, G)
+    yield redis_client
+    raw.config_set("maxmemory", 0)
+
+
+def test_library_holds_every_script_as_a_function_named_by_its_digest(raw: redis.Redis) -> None:
+    lib = scripts.library()
+    assert set(lib.functions) == set(scripts.script_names())
+    assert lib.name.startswith("felix_") and all(f == f"{lib.name}_{n}" for n, f in lib.functions.items())
+    raw.function_load(lib.code, replace=True)
+    (listed,) = [pairs(x) for x in raw.function_list(library=lib.name)]
+    assert listed[b"library_name"] == lib.name.encode()
+    flags = {pairs(f)[b"name"].decode(): {g.decode() for g in pairs(f)[b"flags"]} for f in listed[b"functions"]}
+    assert set(flags) == set(lib.functions.values())
+    for name, fn in lib.functions.items():
+        assert flags[fn] == ({"no-writes"} if name in scripts.READ_ONLY else set())
+
+
+def test_client_calls_the_functions_and_loads_them_where_missing(setup: felix_redis.Client,
+                                                                   raw: redis.Redis) -> None:
+    c = setup
+    raw.function_flush()
+    raw.config_resetstat()
+    drain_once(c)
+    assert calls(raw, "fcall") > 0 and calls(raw, "evalsha") == 0
+    assert c._runner.functions
+    # a server that lost them (FUNCTION FLUSH, a restart without persistence) gets them again
+    raw.function_flush()
+    drain_once(c)
+    assert raw.function_list(library=scripts.library().name)
+
+
+def test_async_client_loads_the_functions_again_after_a_flush(setup: felix_redis.Client, raw: redis.Redis,
+                                                               redis_url: str) -> None:
+    async def main() -> None:
+        c = fa.connect(redis_url)
+        try:
+            await c.publish(T, N, S, b"a", shard=0)
+            raw.function_flush()
+            (r,) = await c.group_poll(T, N, S, 0, G, max_records=1)
+            assert await c.group_ack(T, N, S, 0, G, r)
+            raw.function_flush()
+            await c.publish(T, N, S, b"b", shard=1)
+            items = await (await c.group_sharded(T, N, S, G)).poll(4)
+            assert [i.record.payload for i in items] == [b"b"]
+            assert c._runner.functions
+        finally:
+            await c.close()
+
+    raw.config_resetstat()
+    asyncio.run(main())
+    assert calls(raw, "fcall") > 0 and calls(raw, "evalsha") == 0
+
+
+def test_evalsha_mode_runs_the_same_scripts(setup: felix_redis.Client, raw: redis.Redis) -> None:
+    c = setup
+    c._runner.functions = False
+    raw.script_flush()
+    raw.config_resetstat()
+    drain_once(c)
+    raw.script_flush()
+    drain_once(c)
+    assert calls(raw, "evalsha") > 0 and calls(raw, "fcall") == 0
+
+
+def test_a_server_without_functions_gets_evalsha(setup: felix_redis.Client, raw: redis.Redis,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """FCALL refused as an unknown command (renamed away, an older server): EVALSHA from then on."""
+    c = setup
+    real = c.redis.execute_command
+
+    def no_fcall(*args: Any, **kwargs: Any) -> Any:
+        if args[0] == "FCALL":
+            raise redis.ResponseError("unknown command 'FCALL', with args beginning with: ")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(c.redis, "execute_command", no_fcall)
+    c.publish(T, N, S, b"x", shard=0)
+    assert not c._runner.functions
+    assert [r.payload for r in c.group_poll(T, N, S, 0, G, max_records=2)] == [b"x"]
+
+
+def test_read_only_operations_run_when_writes_are_refused(setup: felix_redis.Client, raw: redis.Redis) -> None:
+    """maxmemory reached: FCALL of a function without no-writes is refused up front, so
+    the read-only scripts carry the flag and keep working, as through EVALSHA."""
+    c = setup
+    c.publish(T, N, S, b"x", shard=0)
+    raw.config_set("maxmemory", 1)
+    assert c.group_describe(T, N, S, G).shards[0].tail == 1
+    assert [r.payload for r in c.read(T, N, S, 0, 0)] == [b"x"]
+    assert c.stream_describe(T, N, S).shards == 2
+    assert c.group_dead_letters(T, N, S, 0, G) == []
+    with pytest.raises(felix_redis.FelixError):
+        c.publish(T, N, S, b"y", shard=0)
+    raw.config_set("maxmemory", 0)
+    assert c.group_describe(T, N, S, G).shards[0].tail == 1
