@@ -4,8 +4,11 @@ A role is held on one group (``group.consume``, ``group.manage``) or one stream
 (``stream.publish``, ``stream.admin``). :func:`rules` builds the ``ACL SETUSER`` rules that
 grant it, least privilege first:
 
-* the root rules give ``+evalsha`` (and ``+script|load`` so a client can load the scripts
-  after a restart), the read commands the scripts and the client use, and key patterns for
+* the root rules give ``+fcall`` (the scripts as functions, once an administrator's
+  client loaded the library: loading one, ``function|load``, is never granted, since it
+  could replace the library every user runs), ``+evalsha`` and ``+script|load`` (the
+  content-addressed fallback a client uses when it cannot call the functions), the read
+  commands the scripts and the client use, and key patterns for
   every key the role's operations touch, including the role's capability key
   (:func:`felix_redis.keys.capability_key`), which every script checks with
   ``redis.acl_check_cmd`` before it does anything;
@@ -43,7 +46,7 @@ ROLES = (*GROUP_ROLE_CAPS, *STREAM_ROLE_CAPS)
 #: Granted on every key of a role (root rules): what the scripts and the client read with.
 #: TIME: the scripts' clock; WAIT: quorum/all streams; XREAD: long polls and subscribers.
 READ_COMMANDS = (
-    "ping", "time", "wait", "evalsha", "script|load", "type", "exists", "get",
+    "ping", "time", "wait", "fcall", "evalsha", "script|load", "type", "exists", "get",
     "hget", "hmget", "hgetall", "hlen", "hexists", "hscan",
     "smembers", "sismember", "scard",
     "zrange", "zrangebyscore", "zrangebylex", "zscore", "zmscore", "zcard", "zcount",

@@ -251,3 +251,28 @@ def test_cli_grant_refuses_missing_password_env() -> None:
                                       "--role", "stream.publish", "--password-from-env", "FELIX_NO_SUCH_VAR_X"])
     assert result.exit_code == 1
     assert "FELIX_NO_SUCH_VAR_X" in result.stderr
+
+
+def test_roles_call_the_functions_an_admin_loaded_and_fall_back_to_evalsha_until_then(
+        admin: felix_redis.Client, make_user: Any, raw: redis.Redis) -> None:
+    """Roles get +fcall but never FUNCTION LOAD: a role's client on a server without the
+    library runs the same scripts through EVALSHA; once an administrator's client loaded
+    it, a role's client calls the functions, and the role checks hold there too."""
+    a = ("acme", "prod", "jobs")
+    raw.function_flush()
+    u = make_user(("group.consume", "acme", "jobs", "workers"))
+    (r,) = u.group_poll(*a, 0, "workers", max_records=1)
+    assert not u._runner.functions
+    assert u.group_ack(*a, 0, "workers", r)
+    assert not raw.function_list()  # the role could not load it
+    admin.group_describe(*a, "workers")  # the default user's client loads the library
+    v = make_user(("group.consume", "acme", "jobs", "workers"))
+    raw.config_resetstat()
+    (r,) = v.group_poll(*a, 0, "workers", max_records=1)
+    assert v.group_ack(*a, 0, "workers", r)
+    stats = raw.info("commandstats")
+    assert v._runner.functions and stats["cmdstat_fcall"]["calls"] >= 2 and "cmdstat_evalsha" not in stats
+    with pytest.raises(PermissionDenied, match=r"group\.manage role"):
+        v.group_redrive(*a, 0, "workers")
+    with pytest.raises(PermissionDenied):
+        v.group_poll(*a, 0, "other", max_records=1)
