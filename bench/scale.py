@@ -48,8 +48,9 @@ def drain_rate(client: felix_redis.Client, stream: str, jobs: int) -> float:
 
 
 def script_usec(raw: redis.Redis) -> float:
+    """Server time (usec) in felix-redis scripts: functions (FCALL) or EVALSHA."""
     stats = raw.info("commandstats")
-    return float(stats.get("cmdstat_evalsha", {}).get("usec", 0))
+    return float(sum(stats.get(f"cmdstat_{cmd}", {}).get("usec", 0) for cmd in ("fcall", "evalsha")))
 
 
 def measure(backlog: int) -> dict[str, Any]:

@@ -276,3 +276,25 @@ def test_roles_call_the_functions_an_admin_loaded_and_fall_back_to_evalsha_until
         v.group_redrive(*a, 0, "workers")
     with pytest.raises(PermissionDenied):
         v.group_poll(*a, 0, "other", max_records=1)
+
+
+def test_a_role_on_one_group_cannot_be_used_on_another_groups_keys(
+        admin: felix_redis.Client, make_user: Any, raw: redis.Redis) -> None:
+    """manage on 'other' and consume on 'workers' (same stream, so ACL key patterns
+    allow both groups' keys): a redrive call that names 'other' (the capability held)
+    but hands over the keys of 'workers' is refused, and changes nothing."""
+    a = ("acme", "prod", "jobs")
+    (r,) = admin.group_poll(*a, 0, "workers", max_records=1)
+    admin.group_dead_letter(*a, 0, "workers", r, reason="x")
+    u = make_user(("group.manage", "acme", "jobs", "other"), ("group.consume", "acme", "jobs", "workers"))
+    name = admin.core.name(*a)
+    workers = name.group_keys(0, "workers")
+    other = name.group_keys(0, "other")
+    before = dump_keyspace(raw)
+    for keys in ([*name.shard_keys(0), other[0], *workers[1:]], [*name.shard_keys(0), *other[:-1], workers[-1]]):
+        with pytest.raises(redis.ResponseError, match="FELIX_INVALID KEYS"):
+            u._run_script("group_redrive", keys, ["all", "0"])
+    with pytest.raises(PermissionDenied, match=r"group\.manage role on group workers"):
+        u.group_redrive(*a, 0, "workers")
+    assert dump_keyspace(raw) == before
+    u.group_redrive(*a, 0, "other")  # the role it holds, on that group's own keys
