@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from shutil import which as shutil_which
 
 import pytest
 
@@ -147,3 +148,18 @@ def test_chart_drawn_when_matplotlib_present(tmp_path: Path) -> None:
     png = tmp_path / "c.png"
     assert report.chart(png, meta, rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not (shutil_which("valgrind") and shutil_which("callgrind_control")), reason="no valgrind")
+def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
+    """bench/instructions.py (redis-server under callgrind) with tiny numbers."""
+    out = tmp_path / "instructions.json"
+    cmd = [sys.executable, "bench/instructions.py", "--batch", "4", "--batches", "3", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["scripts"] == "FCALL" and data["redis"]
+    for part, per in (("drain_batch_4", "per_batch"), ("publish", "per_call")):
+        assert data[part][f"felix_{per}"] > 0 and data[part][f"raw_{per}"] > 0
+        assert data[part]["felix_over_raw"] > 0

@@ -1,0 +1,196 @@
+"""Server cost in CPU instructions: redis-server under valgrind's callgrind.
+
+Counts the instructions redis-server executes (user space: command parsing, the scripts,
+replies) for the same work done by felix-redis and by raw Redis Streams commands:
+
+- a drain batch: ``group_poll(max_records=B)`` + ``group_ack_many`` of those records,
+  against ``XREADGROUP COUNT B`` + ``XACK``, for each B given;
+- one ``publish`` against one ``XADD``.
+
+Unlike timings, instruction counts repeat exactly for the same binary and inputs,
+whatever else the machine is doing, so they show what a change to a script costs or
+saves. They are not time: cache misses and the network are not in them (bench/scale.py
+measures server time, the main harness throughput).
+
+    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--out FILE]
+
+Needs ``valgrind`` and ``redis-server`` on PATH. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import felix_redis
+
+T, N, S, G = "bench", "bench", "jobs", "g"
+PAYLOAD = b"x" * 64
+
+
+class Callgrind:
+    """A redis-server under callgrind whose counting is switched on around each part."""
+
+    def __init__(self, workdir: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.out = os.path.join(workdir, "callgrind.out")
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={self.out}",
+             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("redis-server under valgrind did not start") from None
+                time.sleep(0.2)
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.proc.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    def count(self, work: Callable[[], None]) -> int:
+        """Instructions redis-server executed while ``work`` ran."""
+        before = set(glob.glob(self.out + "*"))
+        self._ctl("-z")
+        self._ctl("-i", "on")
+        work()
+        self._ctl("-i", "off")
+        self._ctl("-d")
+        deadline = time.monotonic() + 30
+        while not (new := set(glob.glob(self.out + "*")) - before):
+            if time.monotonic() > deadline:
+                raise RuntimeError("callgrind wrote no dump")
+            time.sleep(0.1)
+        total = 0
+        for path in new:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    total = max(total, int(line.split()[1]))
+            os.remove(path)
+        return total
+
+    def stop(self) -> None:
+        with suppress(redis.RedisError):
+            redis.Redis.from_url(self.url).shutdown(nosave=True)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def repeat(work: Callable[[], Any], times: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(times):
+            work()
+    return run
+
+
+@contextmanager
+def server() -> Iterator[Callgrind]:
+    with tempfile.TemporaryDirectory(prefix="felix-callgrind-") as workdir:
+        cg = Callgrind(workdir)
+        try:
+            yield cg
+        finally:
+            cg.stop()
+
+
+def measure(batches: list[int], rounds: int, functions: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"redis": None, "batches": rounds, "scripts": "FCALL" if functions else "EVALSHA"}
+    with server() as cg:
+        raw = redis.Redis.from_url(cg.url)
+        out["redis"] = raw.info("server")["redis_version"]
+        client = felix_redis.connect(cg.url)
+        runner = getattr(client, "_runner", None)  # clients before the function library have none
+        if runner is not None:
+            runner.functions = functions
+        else:
+            out["scripts"] = "EVALSHA"
+        for b in batches:
+            stream = f"s{b}"
+            client.stream_create(T, N, stream)
+            client.group_create(T, N, stream, G)
+            total = b * (rounds + 10)
+            for start in range(0, total, 5000):
+                client.publish_batch(T, N, stream, [PAYLOAD] * min(5000, total - start), shard=0)
+            pipe = raw.pipeline(transaction=False)
+            for _ in range(total):
+                pipe.xadd(f"raw{b}", {"p": PAYLOAD})
+            pipe.execute()
+            raw.xgroup_create(f"raw{b}", "g", id="0")
+
+            def felix_batch(b: int = b, stream: str = stream) -> None:
+                records = client.group_poll(T, N, stream, 0, G, max_records=b)
+                client.group_ack_many(T, N, stream, 0, G, records)
+
+            def raw_batch(b: int = b) -> None:
+                reply = raw.xreadgroup("g", "c", {f"raw{b}": ">"}, count=b)
+                raw.xack(f"raw{b}", "g", *[entry_id for entry_id, _ in reply[0][1]])
+
+            for _ in range(5):  # warm: scripts loaded, keys created
+                felix_batch()
+                raw_batch()
+            felix = cg.count(repeat(felix_batch, rounds)) / rounds
+            floor = cg.count(repeat(raw_batch, rounds)) / rounds
+            out[f"drain_batch_{b}"] = {
+                "felix_per_batch": round(felix), "raw_per_batch": round(floor),
+                "felix_per_job": round(felix / b), "raw_per_job": round(floor / b),
+                "felix_over_raw": round(felix / floor, 2),
+            }
+        client.stream_create(T, N, "pub")
+        publishes = rounds * 3
+        felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes))
+        floor = cg.count(repeat(lambda: raw.xadd("rawpub", {"p": PAYLOAD}), publishes))
+        out["publish"] = {
+            "felix_per_call": round(felix / publishes), "raw_per_call": round(floor / publishes),
+            "felix_over_raw": round(felix / floor, 2),
+        }
+        client.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, action="append", help="records per poll (repeatable; 16 and 64)")
+    parser.add_argument("--batches", type=int, default=100, help="batches counted per figure")
+    parser.add_argument("--evalsha", action="store_true", help="run the scripts by EVALSHA, not as functions")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if shutil.which(tool) is None:
+            parser.error(f"{tool} is not on PATH")
+    result = measure(args.batch or [16, 64], args.batches, functions=not args.evalsha)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
