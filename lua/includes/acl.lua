@@ -39,35 +39,71 @@ local function stream_of(tag)
   return (string.gsub(tag, '/[^/]*$', ''))
 end
 
--- Fails with NOPERM unless the user holds role ('group.consume' or 'group.manage') on
--- the group whose hash is KEYS[3]. The keys must be exactly that group's keys on one
--- shard (GROUP_ROLE_TYPES order), so that the role of one group cannot be used on the
--- keys of another group of the same stream; any key after them is the shard's groups set.
-local function require_group_role(role)
-  local prefix, tag, base = shard_base()
+-- Group key lists already checked, by group hash key. Checking is a pure function of
+-- the key names, so where the scripts are loaded as functions (which keep their state
+-- between calls) a repeated call compares its keys with the list it checked before
+-- instead of building every expected name again. Bounded; EVAL starts empty each call.
+local SHAPES, shapes = {}, 0
+
+-- The checked shape of a group operation's KEYS: {keys = KEYS[1..n], groups = the
+-- shard's groups set key, prefix, tag, group}; fails INVALID on any other key list.
+local function group_shape()
   local k3 = KEYS[3] or ''
+  local shape = SHAPES[k3]
+  if shape then
+    local keys = shape.keys
+    for i = 1, #keys do
+      if KEYS[i] ~= keys[i] then shape = nil break end
+    end
+    if shape then
+      for i = #keys + 1, #KEYS do
+        if KEYS[i] ~= shape.groups then shape = nil break end
+      end
+    end
+    if shape then return shape end
+  end
+  local prefix, tag, base = shard_base()
   local group = s_sub(k3, #base + 3)
   if KEYS[1] ~= base .. 'meta' or KEYS[2] ~= base .. 'log' or s_sub(k3, 1, #base + 2) ~= base .. 'g:'
       or group == '' or s_find(group, ':', 1, true) then
     fail('INVALID', 'KEYS[1], KEYS[2] and KEYS[3] are not the meta, log and group keys of one shard')
   end
   local n = #GROUP_ROLE_TYPES
+  local keys = {KEYS[1], KEYS[2], k3}
   for i = 2, n do
     local want = k3 .. ':' .. GROUP_ROLE_TYPES[i][1]
     if KEYS[i + 2] ~= want then
       fail('INVALID', 'KEYS[' .. (i + 2) .. '] is ' .. tostring(KEYS[i + 2]) .. ', not ' .. want)
     end
+    keys[i + 2] = want
   end
+  local groups = base .. 'groups'
   for i = n + 3, #KEYS do
-    if KEYS[i] ~= base .. 'groups' then
-      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. base .. 'groups')
+    if KEYS[i] ~= groups then
+      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. groups)
     end
   end
+  shape = {keys = keys, groups = groups, prefix = prefix, tag = tag, group = group, caps = {}}
+  if shapes >= 1024 then SHAPES, shapes = {}, 0 end
+  SHAPES[k3], shapes = shape, shapes + 1
+  return shape
+end
+
+-- Fails with NOPERM unless the user holds role ('group.consume' or 'group.manage') on
+-- the group whose hash is KEYS[3]. The keys must be exactly that group's keys on one
+-- shard (GROUP_ROLE_TYPES order), so that the role of one group cannot be used on the
+-- keys of another group of the same stream; any key after them is the shard's groups set.
+local function require_group_role(role)
+  local shape = group_shape()
   if not redis.acl_check_cmd then return end
-  local cap = prefix .. 'cap:{' .. tag .. '}:g:' .. group .. ':' .. s_sub(role, 7)
+  local cap = shape.caps[role]
+  if not cap then
+    cap = shape.prefix .. 'cap:{' .. shape.tag .. '}:g:' .. shape.group .. ':' .. s_sub(role, 7)
+    shape.caps[role] = cap
+  end
   if not redis.acl_check_cmd('EVALSHA', '0', '1', cap) then
-    fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on group ' .. group .. ' of stream '
-      .. stream_of(tag) .. ' (no ACL access to ' .. cap .. ')')
+    fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on group ' .. shape.group .. ' of stream '
+      .. stream_of(shape.tag) .. ' (no ACL access to ' .. cap .. ')')
   end
 end
 

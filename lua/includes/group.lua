@@ -74,7 +74,7 @@ local function load_group(K)
     tail = tonumber(m[1]), first = tonumber(m[2]),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
     wseq = tonumber(g[5]), cons = g[6] == '1', trimmed = tonumber(g[7] or '0'),
-    dirty = false,
+    dirty = false, loaded = g,
   }
 end
 
@@ -100,8 +100,13 @@ local function save_group(K, S)
     if redis.call('ZCOUNT', K.lease, '-inf', '(+inf') == 0 then redis.call('DEL', K.lease) end
   end
   if S.dirty then
-    redis.call('HSET', K.group, 'pos', fmt(S.pos), 'next', fmt(S.next), 'wseq', fmt(S.wseq),
-      'cons', S.cons and '1' or '0', 'trimmed', fmt(S.trimmed))
+    -- the position fields always; the others when they changed
+    local args, g = {'pos', fmt(S.pos), 'next', fmt(S.next)}, S.loaded
+    local wseq, cons, trimmed = fmt(S.wseq), S.cons and '1' or '0', fmt(S.trimmed)
+    if wseq ~= g[5] then args[#args + 1] = 'wseq'; args[#args + 1] = wseq end
+    if cons ~= g[6] then args[#args + 1] = 'cons'; args[#args + 1] = cons end
+    if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
+    redis.call('HSET', K.group, unpack(args))
   end
 end
 
