@@ -34,21 +34,8 @@ __all__ = [
 _INCLUDE_RE = re.compile(r'^---\s*@include\s+"([A-Za-z0-9_/]+)"\s*$')
 _PRELUDE = "prelude"
 
-_EPILOGUE = """
-local ok, result = pcall(main)
-if ok then return result end
-if type(result) == 'table' then
-  if result.felix then return redis.error_reply(result.felix) end
-  if result.err then return redis.error_reply(result.err) end
-end
-return redis.error_reply(tostring(result))
-"""
-
-
-#: Scripts that never write: as functions they carry the ``no-writes`` flag, so they run
-#: where a write would be refused (maxmemory reached), as they do through EVALSHA.
-READ_ONLY = frozenset({"stream_read", "stream_info", "group_describe", "group_dead_letters"})
-
+#: Turns main()'s outcome into the reply: errors raised by fail() (and Redis errors)
+#: become clean error replies, on Redis and on fakeredis alike.
 _FINISH = """
 local function finish(ok, result)
   if ok then return result end
@@ -59,6 +46,13 @@ local function finish(ok, result)
   return redis.error_reply(tostring(result))
 end
 """
+
+_EPILOGUE = _FINISH + "return finish(pcall(main))\n"
+
+
+#: Scripts that never write: as functions they carry the ``no-writes`` flag, so they run
+#: where a write would be refused (maxmemory reached), as they do through EVALSHA.
+READ_ONLY = frozenset({"stream_read", "stream_info", "group_describe", "group_dead_letters"})
 
 
 class ScriptError(Exception):

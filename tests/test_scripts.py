@@ -68,7 +68,7 @@ def test_source_has_prelude_includes_and_epilogue(name: str) -> None:
     assert src.includes[0] == "prelude"
     assert "local function now_ms()" in src.source
     assert "local function main()" in src.source
-    assert src.source.rstrip().endswith("return redis.error_reply(tostring(result))")
+    assert src.source.rstrip().endswith("return finish(pcall(main))")
     assert "@include" not in src.source
     if '--- @include "group"' in src.body:
         assert src.includes == ("prelude", "roles", "acl", "group")  # dependencies first
