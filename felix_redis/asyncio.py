@@ -251,6 +251,15 @@ class AsyncClient:
             with contextlib.suppress(Exception):
                 await self.redis.nodes_manager.initialize()
 
+    async def load_library(self) -> str:
+        """As :meth:`felix_redis.Client.load_library`."""
+        lib = self._runner.library
+        try:
+            await self.redis.function_load(lib.code, replace=True)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise translate(exc, Cmd("FUNCTION", "LOAD", context=f"loading library {lib.name}"), self.url) from None
+        return lib.name
+
     async def close(self) -> None:
         await self.redis.aclose()
 

@@ -311,6 +311,18 @@ class Client:
             with contextlib.suppress(Exception):
                 self.redis.nodes_manager.initialize()
 
+    def load_library(self) -> str:
+        """Loads the scripts as a Redis function library on the server now (on every
+        primary of a Cluster) and returns its name. Clients load it themselves where
+        their user may (``FUNCTION LOAD``); this is for servers whose felix-redis users
+        hold roles, which never include that right (docs/security.md)."""
+        lib = self._runner.library
+        try:
+            self.redis.function_load(lib.code, replace=True)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise translate(exc, Cmd("FUNCTION", "LOAD", context=f"loading library {lib.name}"), self.url) from None
+        return lib.name
+
     def close(self) -> None:
         self.redis.close()
 

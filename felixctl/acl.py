@@ -55,3 +55,20 @@ def grant(
     if apply_:
         felix_acl.grant(ctl.client, args)
         click.echo(f"applied: {role} for user {user}", err=True)
+
+
+@acl.command(
+    "load-library",
+    epilog=examples(
+        "felixctl acl load-library",
+        note="Run it as the default user or an administrator (it needs FUNCTION LOAD), once per server and "
+        "again after a restart without persistence. Roles never get FUNCTION LOAD: their clients call the "
+        "library once it is there and run the same scripts through EVALSHA until then.",
+    ),
+)
+@pass_ctl
+def load_library(ctl: Ctl) -> None:
+    """Load the felix-redis scripts as a Redis function library (every Cluster primary)."""
+    name = ctl.client.load_library()
+    click.echo(name)
+    click.echo(f"loaded: function library {name}", err=True)

@@ -298,3 +298,26 @@ def test_a_role_on_one_group_cannot_be_used_on_another_groups_keys(
         u.group_redrive(*a, 0, "workers")
     assert dump_keyspace(raw) == before
     u.group_redrive(*a, 0, "other")  # the role it holds, on that group's own keys
+
+
+def test_cli_load_library_as_admin_lets_roles_call_the_functions(
+        admin: felix_redis.Client, make_user: Any, raw: redis.Redis, redis_url: str) -> None:
+    """felixctl acl load-library: the default user loads the library; a role's client
+    then calls it; a role itself may not load it (one 'felixctl: error:' line, exit 1)."""
+    raw.function_flush()
+    u = make_user(("group.consume", "acme", "jobs", "workers"))
+    runner = CliRunner()
+    user = u.redis.connection_pool.connection_kwargs["username"]
+    denied = runner.invoke(cli, ["--redis-url", user_url(redis_url, user), "acl", "load-library"])
+    assert denied.exit_code == 1, denied.output
+    (line,) = denied.stderr.strip().splitlines()
+    assert line.startswith("felixctl: error:") and "loading library felix_" in line
+    assert not raw.function_list()
+    loaded = runner.invoke(cli, ["--redis-url", redis_url, "acl", "load-library"])
+    assert loaded.exit_code == 0, loaded.output
+    name = loaded.stdout.strip()
+    assert name == felix_redis.scripts.library().name
+    assert [x[1] for x in raw.function_list()] == [name.encode()]
+    raw.config_resetstat()
+    assert u.group_poll("acme", "prod", "jobs", 0, "workers", max_records=1)
+    assert u._runner.functions and "cmdstat_evalsha" not in raw.info("commandstats")
