@@ -70,6 +70,9 @@ def test_client_calls_the_functions_and_loads_them_where_missing(setup: felix_re
     raw.function_flush()
     drain_once(c)
     assert raw.function_list(library=scripts.library().name)
+    raw.function_flush()
+    assert c.load_library() == scripts.library().name
+    assert raw.function_list(library=scripts.library().name)
 
 
 def test_async_client_loads_the_functions_again_after_a_flush(setup: felix_redis.Client, raw: redis.Redis,
@@ -86,6 +89,9 @@ def test_async_client_loads_the_functions_again_after_a_flush(setup: felix_redis
             items = await (await c.group_sharded(T, N, S, G)).poll(4)
             assert [i.record.payload for i in items] == [b"b"]
             assert c._runner.functions
+            raw.function_flush()
+            assert await c.load_library() == scripts.library().name
+            assert raw.function_list(library=scripts.library().name)
         finally:
             await c.close()
 
