@@ -28,19 +28,33 @@ end
 -- Checks the type of every key of the group (WRONGTYPE on a foreign type) and records
 -- it: a missing key then costs no command where it would only be read or cleaned. The
 -- check is the type's own size command (an integer reply is cheaper than TYPE's status
--- reply); only a WRONGTYPE error asks TYPE, for the message.
+-- reply); only a WRONGTYPE error asks TYPE, for the message. The keys most groups never
+-- have (attempts: redeliveries, redo: redrives, owner/byowner: named consumers) are
+-- answered for together by one EXISTS, and checked one by one only when some exist. The
+-- meta and group hashes are checked by load_group's reads (typed_call).
 local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', set = 'SCARD', stream = 'XLEN'}
-local function check_types(K)
-  local types = K.types
-  for _, kt in ipairs(GROUP_KEY_TYPES) do
-    local role, want = kt[1], kt[2]
-    local n = redis.pcall(SIZE_OF[want], K[role])
-    if type(n) == 'table' then
-      expect_type(K[role], want)
-      error(n, 0)
-    end
-    types[role] = n > 0 and want or 'none'
+local RARE_ROLES = {'attempts', 'redo', 'owner', 'byowner'}
+local OTHER_ROLES = {'log', 'lease', 'owed', 'done', 'dead', 'wake'}
+local ROLE_TYPE = {}
+for _, kt in ipairs(GROUP_KEY_TYPES) do ROLE_TYPE[kt[1]] = kt[2] end
+
+local function check_type(K, role)
+  local want = ROLE_TYPE[role]
+  local n = redis.pcall(SIZE_OF[want], K[role])
+  if type(n) == 'table' then
+    expect_type(K[role], want)
+    error(n, 0)
   end
+  K.types[role] = n > 0 and want or 'none'
+end
+
+local function check_types(K)
+  if redis.call('EXISTS', K.attempts, K.redo, K.owner, K.byowner) == 0 then
+    for _, role in ipairs(RARE_ROLES) do K.types[role] = 'none' end
+  else
+    for _, role in ipairs(RARE_ROLES) do check_type(K, role) end
+  end
+  for _, role in ipairs(OTHER_ROLES) do check_type(K, role) end
 end
 
 -- redis.call(cmd, key, prefix..., members...) in chunks (Lua's unpack has a limit);
@@ -66,9 +80,9 @@ end
 -- group's state S. Nothing is written.
 local function load_group(K)
   check_types(K)
-  local m = redis.call('HMGET', K.meta, 'tail', 'first')
+  local m = typed_call('hash', 'HMGET', K.meta, 'tail', 'first')
   if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-  local g = redis.call('HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed')
+  local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed')
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
   return {
     tail = tonumber(m[1]), first = tonumber(m[2]),
