@@ -321,3 +321,20 @@ def test_cli_load_library_as_admin_lets_roles_call_the_functions(
     raw.config_resetstat()
     assert u.group_poll("acme", "prod", "jobs", 0, "workers", max_records=1)
     assert u._runner.functions and "cmdstat_evalsha" not in raw.info("commandstats")
+
+
+def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Client, make_user: Any,
+                                                         raw: redis.Redis) -> None:
+    """publish on two streams (ACL key patterns allow both): a publish call whose meta is
+    one stream's and whose log is the other's is refused, twice (the second call meets
+    the remembered shape of the first stream), and changes nothing."""
+    admin.stream_create("acme", "prod", "other")
+    u = make_user(("stream.publish", "acme", "jobs", None), ("stream.publish", "acme", "other", None))
+    jobs, other = admin.core.name("acme", "prod", "jobs"), admin.core.name("acme", "prod", "other")
+    u.publish("acme", "prod", "jobs", b"ok", shard=0)  # jobs' shape is known from here on
+    before = dump_keyspace(raw)
+    keys = [jobs.shard_keys(0)[0], other.shard_keys(0)[1], jobs.producer_key(0, 1)]
+    for _ in range(2):
+        with pytest.raises(redis.ResponseError, match=r"FELIX_INVALID key .* does not belong to the shard"):
+            u._run_script("publish", keys, ["", "", "0", "60000", "x"])
+    assert dump_keyspace(raw) == before

@@ -23,18 +23,6 @@ local function shard_base()
   return s_sub(k1, 1, open - 2), s_sub(k1, open + 1, close - 1), s_sub(k1, 1, close) .. ':'
 end
 
--- Every key must carry KEYS[1]'s shard tag; returns PREFIX and TAG.
-local function acl_base()
-  local prefix, tag, base = shard_base()
-  for i = 2, #KEYS do
-    -- a plain find at 1: no substring is made per key
-    if s_find(KEYS[i], base, 1, true) ~= 1 then
-      fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. KEYS[1])
-    end
-  end
-  return prefix, tag
-end
-
 local function stream_of(tag)
   return (string.gsub(tag, '/[^/]*$', ''))
 end
@@ -107,16 +95,39 @@ local function require_group_role(role)
   end
 end
 
+-- Streams whose KEYS[1] was parsed already: base, prefix, tag and capability keys (kept
+-- between function calls, like the group key lists; bounded).
+local STREAMS, streams = {}, 0
+
 -- Fails with NOPERM unless the user holds one of roles ('stream.publish',
--- 'stream.admin') on the stream of KEYS[1].
+-- 'stream.admin') on the stream of KEYS[1]; every key must carry KEYS[1]'s shard tag.
 local function require_stream_role(...)
   if not redis.acl_check_cmd then return end
-  local prefix, tag = acl_base()
+  local k1 = KEYS[1] or ''
+  local sh = STREAMS[k1]
+  if not sh then
+    local prefix, tag, base = shard_base()
+    sh = {prefix = prefix, tag = tag, base = base, caps = {}}
+    if streams >= 1024 then STREAMS, streams = {}, 0 end
+    STREAMS[k1], streams = sh, streams + 1
+  end
+  local base = sh.base
+  for i = 2, #KEYS do
+    -- a plain find at 1: no substring is made per key
+    if s_find(KEYS[i], base, 1, true) ~= 1 then
+      fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. k1)
+    end
+  end
   local roles, caps = {...}, {}
   for i, role in ipairs(roles) do
-    caps[i] = prefix .. 'cap:{' .. tag .. '}:' .. s_sub(role, 8)
-    if redis.acl_check_cmd('EVALSHA', '0', '1', caps[i]) then return end
+    local cap = sh.caps[role]
+    if not cap then
+      cap = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role, 8)
+      sh.caps[role] = cap
+    end
+    if redis.acl_check_cmd('EVALSHA', '0', '1', cap) then return end
+    caps[i] = cap
   end
   fail('NOPERM', 'this Redis user lacks the ' .. table.concat(roles, ' or ') .. ' role on stream '
-    .. stream_of(tag) .. ' (no ACL access to ' .. table.concat(caps, ' or ') .. ')')
+    .. stream_of(sh.tag) .. ' (no ACL access to ' .. table.concat(caps, ' or ') .. ')')
 end
