@@ -158,14 +158,10 @@ class AsyncClient:
 
     async def _load(self, name: str) -> None:
         """As :meth:`felix_redis.Client._load`, on redis.asyncio."""
-        runner = self._runner
         try:
-            if runner.functions:
-                await self.redis.function_load(runner.library.code, replace=True)
-            else:
-                await self.redis.script_load(runner.sources[name].source)
+            await self.redis.execute_command(*self._runner.load(name))
         except ResponseError as exc:
-            if not runner.refused(exc):
+            if not self._runner.refused(exc):
                 raise
 
     async def _batch(self, op: Batch) -> list[Any]:

@@ -222,14 +222,10 @@ class Client:
 
     def _load(self, name: str) -> None:
         """Loads the library (every primary of a Cluster), or the one script."""
-        runner = self._runner
         try:
-            if runner.functions:
-                self.redis.function_load(runner.library.code, replace=True)
-            else:
-                self.redis.script_load(runner.sources[name].source)
+            self.redis.execute_command(*self._runner.load(name))
         except ResponseError as exc:
-            if not runner.refused(exc):
+            if not self._runner.refused(exc):
                 raise
 
     def _batch(self, op: Batch) -> list[Any]:

@@ -956,9 +956,8 @@ class Core:
         if hit is None:
             return None
         name, path, keys, context = hit
-        settings = self._settings.get(path)
-        if (settings is None or time.monotonic() - settings.loaded_at >= self.settings_ttl_s
-                or shard >= settings.shards):
+        settings = self.fresh_settings(path)
+        if settings is None or shard >= settings.shards:
             return None
         return name, settings, shard, keys, context
 

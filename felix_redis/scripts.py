@@ -221,10 +221,12 @@ class Runner:
         return isinstance(reply, ResponseError) and str(reply).startswith("Function not found")
 
     def load(self, name: str) -> tuple[str, ...]:
-        """The command that loads what script ``name`` needs on a server."""
+        """The command that loads what script ``name`` needs on a server. The command
+        name is one string, as redis-py's own ``function_load``/``script_load`` send it,
+        so that Redis Cluster clients route it to every primary."""
         if self.functions:
-            return ("FUNCTION", "LOAD", "REPLACE", self.library.code)
-        return ("SCRIPT", "LOAD", self.sources[name].source)
+            return ("FUNCTION LOAD", "REPLACE", self.library.code)
+        return ("SCRIPT LOAD", self.sources[name].source)
 
     def refused(self, error: Any) -> bool:
         """After ``FCALL`` or ``FUNCTION LOAD`` failed with ``error``: True, and from now
