@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import socket
@@ -39,6 +38,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_redis
+from bench.report import emit
 
 T, N, S, G = "bench", "bench", "jobs", "g"
 PAYLOAD = b"x" * 64
@@ -184,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not on PATH")
-    result = measure(args.batch or [16, 64], args.batches, functions=not args.evalsha)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha), args.out)
     return 0
 
 

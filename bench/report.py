@@ -105,6 +105,15 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def emit(result: dict[str, Any], out: str | None) -> None:
+    """Prints a standalone measurement (bench/scale.py, bench/instructions.py) as JSON,
+    and writes it to ``out`` too when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")

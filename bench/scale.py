@@ -14,7 +14,6 @@ Prints one JSON document. Every figure is measured in this run; nothing is assum
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_redis
+from bench.report import emit
 from felix_redis.testing.server import RedisServer
 
 T, N = "scale", "bench"
@@ -162,11 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=1_000_000, help="size of the large backlog")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    result = measure(args.backlog)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(measure(args.backlog), args.out)
     return 0
 
 
