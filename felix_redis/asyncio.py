@@ -355,16 +355,18 @@ class AsyncClient:
     async def group_poll(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         max_records: int = 16, wait: float | None = None,
+        *, ack: Iterable[int | Record | Item | str] | None = None,
     ) -> list[Record]:
         return await self._drive(self.core.group_poll(
-            tenant, namespace, stream, shard, group, max_records, wait))
+            tenant, namespace, stream, shard, group, max_records, wait, ack=ack))
 
     async def group_poll_as(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, consumer: str,
         reclaim: bool = True, max_records: int = 16, wait: float | None = None,
+        *, ack: Iterable[int | Record | Item | str] | None = None,
     ) -> list[Record]:
         return await self._drive(self.core.group_poll(
-            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim))
+            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim, ack))
 
     async def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
@@ -523,8 +525,10 @@ class AsyncShardedGroup(ShardedGroupBase):
         super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
         self._client = client
 
-    async def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
-        return await self._client._drive(self._poll_plan(max_records, wait))
+    async def poll(
+        self, max_records: int = 16, wait: float | None = None, *, ack: Iterable[Ref] | None = None
+    ) -> list[Item]:
+        return await self._client._drive(self._poll_plan(max_records, wait, ack))
 
     async def ack(self, item: Ref) -> bool:
         return await self._client.group_ack(*self._where(item), item)

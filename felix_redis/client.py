@@ -454,11 +454,15 @@ class Client:
         group: str,
         max_records: int = 16,
         wait: float | None = None,
+        *,
+        ack: Iterable[int | Record | Item | str] | None = None,
     ) -> list[Record]:
         """Up to ``max_records`` records under a lease: due redeliveries first, then new
-        records in offset order. ``wait``: seconds to block when nothing is due."""
+        records in offset order. ``wait``: seconds to block when nothing is due.
+        ``ack``: records of this shard to ack first, in the same script call (one round
+        trip for a worker's ack and its next poll; see :meth:`group_ack_many`)."""
         return self._drive(self.core.group_poll(
-            tenant, namespace, stream, shard, group, max_records, wait))
+            tenant, namespace, stream, shard, group, max_records, wait, ack=ack))
 
     def group_poll_as(
         self,
@@ -471,11 +475,14 @@ class Client:
         reclaim: bool = True,
         max_records: int = 16,
         wait: float | None = None,
+        *,
+        ack: Iterable[int | Record | Item | str] | None = None,
     ) -> list[Record]:
         """Like group_poll, as a named consumer; ``reclaim`` takes back its own in-flight
-        records at once (attempts + 1) instead of after the visibility timeout."""
+        records at once (attempts + 1) instead of after the visibility timeout; the
+        records in ``ack`` are acked before that."""
         return self._drive(self.core.group_poll(
-            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim))
+            tenant, namespace, stream, shard, group, max_records, wait, consumer, reclaim, ack))
 
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
@@ -780,10 +787,13 @@ class ShardedGroupBase:
     def _where(self, item: Ref) -> tuple[str, str, str, int, str]:
         return self.tenant, self.namespace, self.stream, _shard(item), self.group
 
-    def _poll_plan(self, max_records: int, wait: float | None) -> Plan[list[Item]]:
+    def _poll_plan(
+        self, max_records: int, wait: float | None, ack: Iterable[Ref] | None = None
+    ) -> Plan[list[Item]]:
         records, self._cursor = yield from self._core.sharded_poll(
             self.tenant, self.namespace, self.stream, self.group, max_records, wait,
             self.consumer, self._reclaimed, self._cursor, self.reclaim, self.shards,
+            None if ack is None else self._by_shard(ack),
         )
         return [Item(r) for r in records]
 
@@ -811,10 +821,14 @@ class ShardedGroup(ShardedGroupBase):
         super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
         self._client = client
 
-    def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
+    def poll(
+        self, max_records: int = 16, wait: float | None = None, *, ack: Iterable[Ref] | None = None
+    ) -> list[Item]:
         """Up to ``max_records`` items, taken fairly from all shards; ``wait``: seconds
-        to block (on every shard at once) when nothing is due."""
-        return self._client._drive(self._poll_plan(max_records, wait))
+        to block (on every shard at once) when nothing is due. ``ack``: items to ack
+        first, in the same round trip (each with its shard's poll). If the poll raises,
+        those acks may not have been applied: ack them again (acks are idempotent)."""
+        return self._client._drive(self._poll_plan(max_records, wait, ack))
 
     def ack(self, item: Ref) -> bool:
         return self._client.group_ack(*self._where(item), item)

@@ -398,6 +398,15 @@ def offsets_of(refs: Iterable[Any], shard: int) -> list[int]:
     return out
 
 
+def ack_offsets(refs: Iterable[Any], shard: int) -> list[int]:
+    """The offsets of the records a poll acks (``ack=``): those of ``shard``, at most
+    ``MAX_BATCH`` of them."""
+    offsets = offsets_of(refs if type(refs) is list else check_list(refs, "ack"), shard)
+    if len(offsets) > C.MAX_BATCH:
+        raise InvalidArgument(f"a poll acks at most {C.MAX_BATCH} records at once, got {len(offsets)}")
+    return offsets
+
+
 #: Entries each per-client cache of checked names and built keys holds; a client that
 #: touches more streams or groups than that starts the cache over.
 CACHE_MAX = 1024
@@ -999,6 +1008,7 @@ class Core:
         wait: float | None = None,
         consumer: str | None = None,
         reclaim: bool = False,
+        ack: Iterable[object] | None = None,
     ) -> Plan[list[Record]]:
         if type(max_records) is not int or not 1 <= max_records <= C.MAX_RECORDS_PER_POLL:
             max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
@@ -1011,11 +1021,14 @@ class Core:
             or (yield from self._group_op(tenant, namespace, stream, shard, group))
         deadline = time.monotonic() + wait_ms / 1000
         args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
+        if ack is not None:
+            args += ack_offsets(ack, shard)
         while True:
             reply = yield Eval("group_poll", keys, args, context, settings.replicas)
             count = int(reply[4])
             if count or wait_ms <= 0:
                 return parse_delivered(reply, 5, count, shard)
+            del args[3:]  # the acks went with the first call
             args[2] = 0  # reclaim once
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
@@ -1039,9 +1052,13 @@ class Core:
         cursor: int,
         reclaim: bool = True,
         only: Sequence[int] | None = None,
+        ack: dict[int, list[Any]] | None = None,
     ) -> Plan[tuple[list[Record], int]]:
         """Polls every shard fairly: a quota per shard first (starting from a rotating
-        shard), then what is left from shards that had more. Returns (records, cursor)."""
+        shard), then what is left from shards that had more. Returns (records, cursor).
+        ``ack``: records to ack first, by shard; each shard's ride on its first poll of
+        this call, those of shards not polled in the first pass go in the same round trip.
+        When a call that carried acks fails, the poll raises (ack those records again)."""
         max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
         wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
         if consumer is not None:
@@ -1055,6 +1072,12 @@ class Core:
             raise InvalidArgument("a sharded group needs at least one shard")
         shards = len(chosen)
         context = f"group {group} on stream {name.path}"
+        acks: dict[int, list[int]] = {}
+        for shard, refs in (ack or {}).items():
+            checked = self.shard_of(name, settings, shard)
+            acks[checked] = acks.get(checked, []) + ack_offsets(refs, checked)
+            if len(acks[checked]) > C.MAX_BATCH:
+                raise InvalidArgument(f"a poll acks at most {C.MAX_BATCH} records of a shard at once")
         deadline = time.monotonic() + wait_ms / 1000
         quota = max(1, max_records // shards)
         while True:
@@ -1070,9 +1093,14 @@ class Core:
                 if first:
                     reclaimed.add(shard)
                 keys, shard_context = self.group_shard_keys(name, shard, group)
-                return Eval(
-                    "group_poll", keys, [want, consumer or "", 1 if first else 0], shard_context, settings.replicas,
-                )
+                args: list[Any] = [want, consumer or "", 1 if first else 0]
+                if shard in acks:
+                    args += acks.pop(shard)
+                return Eval("group_poll", keys, args, shard_context, settings.replicas)
+
+            def ack_call(shard: int, offsets: list[int]) -> Eval:
+                keys, shard_context = self.group_shard_keys(name, shard, group)
+                return Eval("group_ack", keys, offsets, shard_context, settings.replicas)
 
             def take(
                 shard: int, want: int, reply: list[Any], out: list[Record] = out, points: dict[str, str] = points
@@ -1090,15 +1118,26 @@ class Core:
 
             # pass 1: a quota from each shard, all of them in one round trip
             first_pass = order[: min(shards, max_records)]
-            replies = yield Batch([call(shard, quota) for shard in first_pass])
+            calls = [call(shard, quota) for shard in first_pass]
+            carried = [len(c.args) > 3 for c in calls]
+            # acks of shards this pass does not poll
+            calls += [ack_call(shard, offsets) for shard, offsets in acks.items()]
+            carried += [True] * len(acks)
+            acks.clear()
+            replies = yield Batch(calls)
             failure: FelixError | None = None
-            for shard, reply in zip(first_pass, replies, strict=True):
+            ack_failure: FelixError | None = None
+            for i, reply in enumerate(replies):
                 if isinstance(reply, (ConnectionFailed, NotReplicated)):
                     failure = failure or reply
+                    if carried[i]:
+                        ack_failure = ack_failure or reply
                 elif isinstance(reply, FelixError):
                     raise reply
-                elif take(shard, quota, reply):
-                    more.append(shard)
+                elif i < len(first_pass) and take(first_pass[i], quota, reply):
+                    more.append(first_pass[i])
+            if ack_failure is not None:
+                raise ack_failure
             if failure is not None:
                 if out:
                     return out, cursor  # hand out what other shards leased rather than let it lapse

@@ -20,19 +20,29 @@
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
+-- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
+--                      polling, as group_ack does (one round trip for both)
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Returns: {now ms, next due ms (-1: none), tail, wake sequence, n, then n times:
 -- entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none), payload}.
--- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group), FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group;
+-- an offset to ack never delivered), FELIX_INVALID, FELIX_WRONGTYPE. All arguments,
+-- the acks' offsets included, are checked before anything is written.
 --- @include "group"
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'
+if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
+local acks = #ARGV > 3 and offset_args(4)
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
+
+-- 0. Acks, exactly as group_ack would: the records the caller finished leave before
+-- new ones are leased.
+if acks then ack_many(K, S, acks) end
 
 -- 1. Reclaim: this consumer's in-flight records become owed, due before everything else.
 local reclaimed = false

@@ -251,6 +251,56 @@ def test_a_shard_subset_long_polls(make: Callable[..., felix_redis.Client]) -> N
     thread.join(7)
 
 
+def test_acks_ride_on_the_next_poll(make: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the settle thread told to wait a minute, only polls can ack: the worker still
+    drains the stream while it runs, so every finished job's ack went with a poll."""
+    import felix_redis.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
+    c = make(shards=2)
+    for i in range(40):
+        c.publish(T, N, S, str(i))
+    seen: list[int] = []
+    w = Worker(c, T, N, S, G, lambda r: seen.append(int(r.payload)), concurrency=4, poll_wait_s=0.2,
+               handle_signals=False)
+    thread = run_in_thread(w)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (w.stats.processed < 36 or len(seen) < 40):
+        time.sleep(0.02)
+    # all handled; at most one poll's worth (the slots) may still wait for the next poll
+    assert sorted(seen) == list(range(40))
+    assert w.stats.processed >= 36
+    assert c.group_describe(T, N, S, G).shards[0].position + c.group_describe(T, N, S, G).shards[1].position >= 36
+    w.stop()
+    thread.join(5)
+    # the stop acks the rest at once, without waiting out the linger
+    assert not thread.is_alive()
+    assert (w.stats.processed, w.stats.in_flight) == (40, 0)
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_a_finished_job_is_acked_while_the_loop_long_polls(
+    make: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No next poll comes for a while (the loop waits in a 5 s long poll): the settle
+    thread acks the finished job after the linger, and frees its slot."""
+    import felix_redis.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "ACK_LINGER_S", 0.05)
+    c = make()
+    c.publish(T, N, S, "x")
+    w = Worker(c, T, N, S, G, lambda r: None, concurrency=2, poll_wait_s=5, handle_signals=False)
+    thread = run_in_thread(w)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and w.stats.processed < 1:
+        time.sleep(0.01)
+    assert w.stats.processed == 1 and w.stats.in_flight == 0
+    info = c.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight) == (1, 0)
+    w.stop()
+    thread.join(7)
+
+
 # -- the asyncio worker
 
 

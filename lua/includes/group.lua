@@ -212,6 +212,79 @@ local function finish_many(K, S, ms, offs)
   if S.pos ~= start_pos then S.dirty = true end
 end
 
+-- The offsets ARGV[from..] as canonical decimal members (the form the zsets, hashes and
+-- sets hold); fails INVALID on anything that is not an offset. Writes nothing.
+local function offset_args(from)
+  local ms, n = {}, 0
+  for i = from, #ARGV do
+    local v = ARGV[i]
+    -- members are canonical decimal strings; anything else takes the checking path
+    if #v > 15 or not s_find(v, '^%d+$') or (#v > 1 and s_byte(v, 1) == 48) then
+      v = fmt(int_arg(v, 'offset', 0, 2 ^ 52))
+    end
+    n = n + 1
+    ms[n] = v
+  end
+  return ms
+end
+
+-- Acks the delivered records ms (members from offset_args): each leaves no group state
+-- behind and the position advances over any contiguous run of finished records. Acking
+-- a finished record changes nothing; acking a stale claim whose record is unfinished
+-- (owed, or in flight under a newer lease) finishes it. Fails NOT_FOUND, before its
+-- first write, when an offset was never delivered. Returns one status per member: 1
+-- acked now, 0 already finished (or repeated in ms). The caller saves S (save_group).
+local function ack_many(K, S, ms)
+  local uniq, first, offs = {}, {}, {}
+  local ascending, last = true, -1
+  for i, m in ipairs(ms) do
+    local off = tonumber(m)
+    if off >= S.next then
+      fail('NOT_FOUND', 'record ' .. m .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
+    end
+    if not first[m] then
+      first[m] = i
+      uniq[#uniq + 1] = m
+      offs[#offs + 1] = off
+      if off < last then ascending = false end
+      last = off
+    end
+  end
+  -- unfinished = in flight (lease) or owed; anything else delivered is finished already
+  local unfinished = uniq
+  local removed = 0
+  if K.types.lease ~= 'none' then
+    removed = call_many('ZREM', K.lease, uniq)
+    if removed > 0 then S.unleased = true end
+  end
+  if removed < #uniq then
+    -- some were owed or finished: tell them apart. The done set and the redo marks are
+    -- untouched so far, so is_finished still answers for the state before this ack.
+    unfinished = {}
+    local owed, owed_scores = {}, {}
+    if K.types.owed ~= 'none' then owed_scores = call_many('ZMSCORE', K.owed, uniq) end
+    for j, m in ipairs(uniq) do
+      if owed_scores[j] then
+        owed[#owed + 1] = m
+        unfinished[#unfinished + 1] = m
+      elseif not is_finished(K, S, m, tonumber(m)) then
+        unfinished[#unfinished + 1] = m
+      else
+        first[m] = false
+      end
+    end
+    if #owed > 0 then call_many('ZREM', K.owed, owed) end
+  end
+  local out = {}
+  for i, m in ipairs(ms) do out[i] = first[m] == i and 1 or 0 end
+  if #unfinished > 0 then
+    -- offsets in order (acks of a poll's records usually are) need no sort
+    if unfinished ~= uniq then offs = nil elseif not ascending then table.sort(offs) end
+    finish_many(K, S, unfinished, offs)
+  end
+  return out
+end
+
 -- Records a dead letter (a pointer: attempts, time, reason) and finishes the record.
 local function dead_letter(K, S, off, attempts, reason, now)
   redis.call('HSET', K.dead, fmt(off), fmt(attempts) .. '|' .. fmt(now) .. '|' .. reason)

@@ -1,0 +1,231 @@
+"""A poll that acks: ``group_poll(..., ack=records)`` acks those records first, in the
+same script call, exactly as ``group_ack_many`` would, then polls. One round trip for a
+worker's acks and its next poll; the outcome must be the same as the two calls."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+
+import felix_redis
+from felix_redis import Client, Record
+from tests.conftest import dump_keyspace
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def make(client: Client, records: int = 0, shards: int = 1, group: str = G, **settings: Any) -> None:
+    if group == G:
+        client.stream_create(T, N, S, shards=shards)
+    client.group_create(T, N, S, group, **settings)
+    if records and group == G:
+        for shard in range(shards):
+            client.publish_batch(T, N, S, [f"s{shard}r{i}" for i in range(records)], shard=shard)
+
+
+def state(client: Client, shard: int = 0, group: str = G) -> tuple[int, int, int, int, int]:
+    s = client.group_describe(T, N, S, group).shards[shard]
+    return s.position, s.lag, s.in_flight, s.owed, s.dead
+
+
+def offs(records: list[Any]) -> list[int]:
+    return [r.offset for r in records]
+
+
+def test_poll_acks_first_then_leases(client: Client) -> None:
+    make(client, records=10)
+    first = client.group_poll(T, N, S, 0, G, max_records=4)
+    assert offs(first) == [0, 1, 2, 3]
+    second = client.group_poll(T, N, S, 0, G, max_records=4, ack=first)
+    assert offs(second) == [4, 5, 6, 7]
+    # the acked records are finished: the position passed them, only the new ones fly
+    assert state(client) == (4, 6, 4, 0, 0)
+    assert client.group_ack_many(T, N, S, 0, G, first) == [False] * 4
+    # offsets, claims and records are all accepted, like group_ack_many
+    third = client.group_poll(T, N, S, 0, G, max_records=4, ack=[second[0].offset, second[1].claim, *second[2:]])
+    assert offs(third) == [8, 9]
+    assert state(client) == (8, 2, 2, 0, 0)
+    # an ack with nothing left to poll still acks
+    assert client.group_poll(T, N, S, 0, G, ack=third) == []
+    assert state(client) == (10, 0, 0, 0, 0)
+
+
+def test_acked_records_are_not_redelivered(client: Client) -> None:
+    make(client, records=3, visibility_timeout_ms=150)
+    a = client.group_poll(T, N, S, 0, G, max_records=2)
+    assert client.group_poll(T, N, S, 0, G, max_records=1, ack=a[:1])[0].offset == 2
+    time.sleep(0.2)
+    # record 0 was acked; 1 and 2 lapsed and come back with attempts 2
+    again = client.group_poll(T, N, S, 0, G)
+    assert sorted((r.offset, r.attempts) for r in again) == [(1, 2), (2, 2)]
+
+
+def test_same_outcome_as_separate_ack_and_poll(client: Client) -> None:
+    """Two groups walk the same stream with the same random settles (acks out of order,
+    repeated, of owed and stale records, nacks): one acks through its next poll, the
+    other with group_ack_many first. Deliveries and group state must match throughout."""
+    make(client, records=60)
+    make(client, group="twin")
+    rng = random.Random(7)
+    held: dict[str, list[Record]] = {G: [], "twin": []}
+    for step in range(40):
+        want = rng.randint(1, 6)
+        picks = sorted(rng.sample(range(len(held[G])), k=rng.randint(0, len(held[G])))) if held[G] else []
+        if rng.random() < 0.3 and picks:
+            picks.append(picks[0])  # the same record twice in one ack
+        nack = rng.random() < 0.2 and len(held[G]) > len(picks)
+        out = {}
+        for group in (G, "twin"):
+            acked = [held[group][i] for i in picks]
+            if nack:
+                rest = [r for i, r in enumerate(held[group]) if i not in picks]
+                client.group_nack(T, N, S, 0, group, rest[0])
+            if group == G:
+                got = client.group_poll(T, N, S, 0, group, max_records=want, ack=acked)
+            else:
+                if acked:
+                    client.group_ack_many(T, N, S, 0, group, acked)
+                got = client.group_poll(T, N, S, 0, group, max_records=want)
+            keep = [r for i, r in enumerate(held[group]) if i not in set(picks)]
+            if nack:
+                keep = keep[1:]
+            held[group] = keep + got
+            out[group] = [(r.offset, r.attempts, r.payload) for r in got]
+        assert out[G] == out["twin"], f"step {step}"
+        assert state(client, group=G) == state(client, group="twin"), f"step {step}"
+    assert state(client)[0] > 0
+
+
+def test_poll_with_reclaim_acks_before_reclaiming(client: Client) -> None:
+    make(client, records=4)
+    mine = client.group_poll_as(T, N, S, 0, G, "w-1", max_records=3)
+    assert offs(mine) == [0, 1, 2]
+    # a restarted consumer w-1 acks 0 (finished before the restart) and takes back the rest
+    back = client.group_poll_as(T, N, S, 0, G, "w-1", reclaim=True, max_records=4, ack=mine[:1])
+    assert sorted((r.offset, r.attempts) for r in back) == [(1, 2), (2, 2), (3, 1)]
+    assert state(client) == (1, 3, 3, 0, 0)
+
+
+def test_long_poll_applies_acks_at_once(client: Client) -> None:
+    make(client, records=2)
+    got = client.group_poll(T, N, S, 0, G, max_records=2)
+    started = time.monotonic()
+    assert client.group_poll(T, N, S, 0, G, wait=0.3, ack=got) == []
+    assert time.monotonic() - started >= 0.25
+    assert state(client) == (2, 0, 0, 0, 0)
+
+
+def test_bad_acks_change_nothing(client: Client, unchanged: Any) -> None:
+    make(client, records=5, shards=2)
+    got = client.group_poll(T, N, S, 0, G, max_records=2)
+    other = client.group_poll(T, N, S, 1, G, max_records=1)
+    cases: list[tuple[Any, type[Exception]]] = [
+        ([got[0], 3], felix_redis.NotFound),  # 3 was never delivered: nothing acked nor leased
+        ([99], felix_redis.NotFound),
+        (other, felix_redis.InvalidArgument),  # a record of shard 1 on a shard-0 poll
+        (["1:0:1"], felix_redis.InvalidArgument),  # a claim of shard 1
+        ([-1], felix_redis.InvalidArgument),
+        (["nope"], felix_redis.InvalidArgument),
+        ("0", felix_redis.InvalidArgument),  # a string is not a list of records
+        ([0] * 10_001, felix_redis.InvalidArgument),
+    ]
+    for ack, error in cases:
+        with unchanged(), pytest.raises(error):
+            client.group_poll(T, N, S, 0, G, ack=ack)
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        client.group_poll(T, N, S, 0, G, max_records=0, ack=got)
+
+
+def test_script_checks_ack_offsets_before_writing(redis_client: Client, raw: Any) -> None:
+    """The script itself (a client of another version, or redis-cli) refuses bad acks
+    with nothing written, and takes non-canonical decimals like group_ack does."""
+    make(redis_client, records=3)
+    got = redis_client.group_poll(T, N, S, 0, G, max_records=2)
+    name = redis_client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_keys(0, G)]
+    before = dump_keyspace(raw)
+    for args, code in ([["16", "", "0", "x"], "FELIX_INVALID"], [["16", "", "0", "2"], "FELIX_NOT_FOUND"],
+                       [["16", "", "0", *["0"] * 10_001], "FELIX_INVALID"]):
+        with pytest.raises(Exception, match=code):
+            redis_client._run_script("group_poll", keys, args)
+        assert dump_keyspace(raw) == before
+    reply = redis_client._run_script("group_poll", keys, ["1", "", "0", "00", "01"])
+    assert int(reply[4]) == 1
+    assert state(redis_client) == (2, 1, 1, 0, 0)
+    assert [r.offset for r in got] == [0, 1]
+
+
+def test_sharded_poll_acks_each_shard(client: Client) -> None:
+    make(client, records=3, shards=4)
+    group = client.group_sharded(T, N, S, G)
+    items = group.poll(8)
+    assert len(items) == 8
+    # one record per call: the first pass polls one shard, the acks of the three others
+    # travel in the same round trip
+    more = group.poll(1, ack=items)
+    assert len(more) == 1
+    for shard in range(4):
+        acked = sum(1 for i in items if i.shard == shard)
+        flying = sum(1 for i in more if i.shard == shard)
+        assert state(client, shard)[:3] == (acked, 3 - acked, flying)
+    rest = group.poll(16, ack=more)
+    assert len(rest) == 12 - 8 - 1
+    assert group.poll(16, ack=rest) == []
+    for shard in range(4):
+        assert state(client, shard) == (3, 0, 0, 0, 0)
+
+
+def test_sharded_poll_with_bad_ack_changes_nothing(client: Client, unchanged: Any) -> None:
+    make(client, records=2, shards=2)
+    group = client.group_sharded(T, N, S, G)
+    with unchanged(), pytest.raises(felix_redis.NotFound, match="shard 7"):
+        group.poll(4, ack=["7:0:1"])  # a claim of a shard the stream does not have
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        group.poll(4, ack=[-1])
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        group.poll(4, ack="0:0:1")
+
+
+def test_sharded_poll_with_undelivered_ack_raises_and_loses_nothing(client: Client) -> None:
+    """An offset never delivered is only found out by its shard's script, after the
+    other shards of the same round trip leased records: the poll raises, the refused
+    shard's acks are not applied, and the records the other shards leased lapse and are
+    delivered again (docs/concepts.md), never lost."""
+    make(client, records=3, shards=2, visibility_timeout_ms=200)
+    group = client.group_sharded(T, N, S, G)
+    first = [i for i in group.poll(4) if i.shard == 1]
+    assert [i.offset for i in first] == [0, 1]
+    with pytest.raises(felix_redis.NotFound, match="record 5"):
+        group.poll(4, ack=[first[0], "1:5:1"])
+    assert state(client, 0)[:3] == (0, 3, 3)  # shard 0 leased its last record
+    assert state(client, 1)[:3] == (0, 3, 2)  # shard 1: nothing acked, nothing leased
+    time.sleep(0.25)
+    again = group.poll(8, ack=first)
+    assert sorted((i.shard, i.offset, i.attempts) for i in again) == [(0, 0, 2), (0, 1, 2), (0, 2, 2), (1, 2, 1)]
+
+
+def test_asyncio_poll_acks(redis_url: str, raw: Any) -> None:
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        client = fa.connect(redis_url)
+        await client.stream_create(T, N, S, shards=2)
+        await client.group_create(T, N, S, G)
+        for shard in (0, 1):
+            await client.publish_batch(T, N, S, [b"a", b"b", b"c"], shard=shard)
+        got = await client.group_poll(T, N, S, 0, G, max_records=2)
+        nxt = await client.group_poll_as(T, N, S, 0, G, "w", reclaim=False, ack=got)
+        assert offs(nxt) == [2]
+        group = client.group_sharded(T, N, S, G)
+        items = await group.poll(8, ack=nxt)
+        assert sorted((i.shard, i.offset) for i in items) == [(1, 0), (1, 1), (1, 2)]
+        assert await group.poll(8, ack=items) == []
+        info = await client.group_describe(T, N, S, G)
+        assert [(s.position, s.in_flight) for s in info.shards] == [(3, 0), (3, 0)]
+        await client.close()
+
+    asyncio.run(main())
