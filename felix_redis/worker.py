@@ -54,6 +54,9 @@ RETRIED = "retried"
 DEAD = "dead"
 HANDED_BACK = "handed_back"
 STALE = "stale"
+#: How long a finished job's ack may wait for the worker's next poll to carry it (one
+#: round trip for both) before the settle thread acks it alone.
+ACK_LINGER_S = 0.02
 
 
 class Retry(Exception):
@@ -348,10 +351,18 @@ class Worker(WorkerBase):
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
         self._done = threading.Event()
-        self._slots = threading.Condition()
+        # One lock for the slots and the finished jobs: the poll loop waits on _slots,
+        # the settle thread on _settle.
+        lock = threading.RLock()
+        self._slots = threading.Condition(lock)
+        self._settle = threading.Condition(lock)
         self._jobs: set[Job] = set()
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._acks: queue.SimpleQueue[tuple[Job, float] | None] = queue.SimpleQueue()
+        # Jobs whose handler returned, to ack: (job, duration, when it finished). The
+        # next poll takes them along (ack=); the settle thread acks those no poll took
+        # within ACK_LINGER_S (the loop is waiting in a long poll), and all at shutdown.
+        self._finished: list[tuple[Job, float, float]] = []
+        self._settle_stop = False
         self._threads: list[threading.Thread] = []
         self._old_handlers: dict[int, Any] = {}
 
@@ -371,6 +382,7 @@ class Worker(WorkerBase):
         self._stopping.set()
         with self._slots:
             self._slots.notify_all()
+            self._settle.notify_all()  # no poll will take the finished jobs along now
 
     @property
     def stopping(self) -> bool:
@@ -382,7 +394,8 @@ class Worker(WorkerBase):
         self._configure(self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
         self._done.clear()
         self._queue = queue.SimpleQueue()
-        self._acks = queue.SimpleQueue()
+        self._finished = []
+        self._settle_stop = False
         self._start_threads()
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
@@ -401,25 +414,37 @@ class Worker(WorkerBase):
             thread.start()
 
     def _poll_iteration(self) -> None:
-        """Waits for a free slot, polls up to the free slots, hands the records out."""
-        free = self._wait_for_free_slot(self.poll_wait_s)
+        """Waits for a free slot, polls up to the free slots (acking the finished jobs in
+        the same round trip), hands the records out."""
+        free, finished = self._wait_for_free_slot(self.poll_wait_s)
         if free == 0 or self._stopping.is_set():
+            if finished:
+                self._ack_batch(finished)
             return
         try:
-            items = self._source.poll(free, None if self.burst else self.poll_wait_s)
+            items = self._source.poll(
+                free, None if self.burst else self.poll_wait_s, ack=[job.item for job, _, _ in finished])
         except FelixError as exc:
             log.error("poll failed stream=%s group=%s: %s", self._where, self.group, exc)
+            if finished:
+                self._ack_batch(finished)  # the acks it carried may not have been applied
             self._stopping.wait(min(self.poll_wait_s, 1.0))
             return
+        if finished:
+            self._acked(finished, ACKED)
         for item in items:
             self._dispatch(Job(item))
         if not items and self.burst:
             self._burst_check()
 
-    def _wait_for_free_slot(self, timeout: float) -> int:
+    def _wait_for_free_slot(self, timeout: float) -> tuple[int, list[tuple[Job, float, float]]]:
+        """Free slots, counting those of finished jobs, and those jobs (taken: their
+        acks go with the next poll)."""
         with self._slots:
-            self._slots.wait_for(lambda: len(self._jobs) < self.concurrency or self._stopping.is_set(), timeout)
-            return self.concurrency - len(self._jobs)
+            self._slots.wait_for(
+                lambda: len(self._jobs) - len(self._finished) < self.concurrency or self._stopping.is_set(), timeout)
+            finished, self._finished = self._finished, []
+            return self.concurrency - len(self._jobs) + len(finished), finished
 
     def _burst_check(self) -> None:
         """In burst mode: stop once nothing is due and nothing is in flight."""
@@ -469,7 +494,14 @@ class Worker(WorkerBase):
                 self._release(job)
         else:
             duration = time.monotonic() - job.started
-            job.settle("finished", lambda: self._acks.put((job, duration)))
+            job.settle("finished", lambda: self._add_finished(job, duration))
+
+    def _add_finished(self, job: Job, duration: float) -> None:
+        with self._slots:
+            self._finished.append((job, duration, time.monotonic()))
+            if len(self._finished) == 1:
+                self._settle.notify()  # starts the settle thread's linger
+            self._slots.notify_all()
 
     def _fail(self, job: Job, exc: BaseException, duration: float) -> None:
         record = job.item.record
@@ -497,36 +529,40 @@ class Worker(WorkerBase):
         with self._stats_lock:
             report_outcome(self.stats, self._metrics, self._where, record, outcome, duration, detail, failed)
 
-    # -- acks, batched
+    # -- acks, batched: with the next poll, or by the settle thread
 
     def _settle_thread(self) -> None:
+        """Acks the finished jobs no poll took along within ACK_LINGER_S (the loop waits
+        in a long poll, or is stopping), at most 1000 per call."""
         while True:
-            first = self._acks.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < 1000:
-                try:
-                    nxt = self._acks.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._ack_batch(batch)
-                    return
-                batch.append(nxt)
+            with self._settle:
+                while True:
+                    if self._finished:
+                        wait = self._finished[0][2] + ACK_LINGER_S - time.monotonic()
+                        if wait <= 0 or self._stopping.is_set() or self._settle_stop:
+                            batch, self._finished = self._finished[:1000], self._finished[1000:]
+                            break
+                        self._settle.wait(wait)
+                    elif self._settle_stop:
+                        return
+                    else:
+                        self._settle.wait()
             self._ack_batch(batch)
 
-    def _ack_batch(self, batch: list[tuple[Job, float]]) -> None:
+    def _ack_batch(self, batch: list[tuple[Job, float, float]]) -> None:
         outcome, detail = STALE, "ack_failed=true"
         for attempt in range(3):
             try:
-                self._group.ack_many(job.item for job, _ in batch)
+                self._group.ack_many(job.item for job, _, _ in batch)
                 outcome, detail = ACKED, ""
                 break
             except FelixError as exc:
                 log.error("ack of %d record(s) failed (try %d of 3): %s", len(batch), attempt + 1, exc)
                 time.sleep(0.2 * (attempt + 1))
-        for job, duration in batch:
+        self._acked(batch, outcome, detail)
+
+    def _acked(self, batch: list[tuple[Job, float, float]], outcome: str, detail: str = "") -> None:
+        for job, duration, _ in batch:
             self._outcome(job.item.record, outcome, duration, detail)
             self._release(job)
 
@@ -574,7 +610,9 @@ class Worker(WorkerBase):
                 self._hand_back(job)
         for _ in range(self.concurrency):
             self._queue.put(None)
-        self._acks.put(None)
+        with self._settle:
+            self._settle_stop = True
+            self._settle.notify_all()
         settle = next(t for t in self._threads if t.name == "felix-settle")
         settle.join(max(1.0, deadline - time.monotonic()))
         self._done.set()
