@@ -3,8 +3,9 @@
 Counts the instructions redis-server executes (user space: command parsing, the scripts,
 replies) for the same work done by felix-redis and by raw Redis Streams commands:
 
-- a drain batch: ``group_poll(max_records=B)`` + ``group_ack_many`` of those records,
-  against ``XREADGROUP COUNT B`` + ``XACK``, for each B given;
+- a drain batch: ``group_poll(max_records=B, ack=the previous batch)`` (and, for
+  comparison, ``group_poll`` + ``group_ack_many`` as two calls) against
+  ``XREADGROUP COUNT B`` + ``XACK``, for each B given;
 - one ``publish`` against one ``XADD``.
 
 Unlike timings, instruction counts repeat exactly for the same binary and inputs,
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import felix_redis
 from bench.report import emit
 
-T, N, S, G = "bench", "bench", "jobs", "g"
+T, N, S, G, G2 = "bench", "bench", "jobs", "g", "g2"
 PAYLOAD = b"x" * 64
 
 
@@ -135,6 +136,7 @@ def measure(batches: list[int], rounds: int, functions: bool = True) -> dict[str
             stream = f"s{b}"
             client.stream_create(T, N, stream)
             client.group_create(T, N, stream, G)
+            client.group_create(T, N, stream, G2)
             total = b * (rounds + 10)
             for start in range(0, total, 5000):
                 client.publish_batch(T, N, stream, [PAYLOAD] * min(5000, total - start), shard=0)
@@ -144,23 +146,35 @@ def measure(batches: list[int], rounds: int, functions: bool = True) -> dict[str
             pipe.execute()
             raw.xgroup_create(f"raw{b}", "g", id="0")
 
-            def felix_batch(b: int = b, stream: str = stream) -> None:
-                records = client.group_poll(T, N, stream, 0, G, max_records=b)
-                client.group_ack_many(T, N, stream, 0, G, records)
+            held: list[Any] = []
+
+            def felix_batch(b: int = b, stream: str = stream, held: list[Any] = held) -> None:
+                # the acks of the previous batch ride on this poll (one call per batch)
+                held[:] = client.group_poll(T, N, stream, 0, G, max_records=b, ack=held)
+
+            def felix_separate(b: int = b, stream: str = stream) -> None:
+                # a group of its own: the other's held batch would keep its position back
+                records = client.group_poll(T, N, stream, 0, G2, max_records=b)
+                client.group_ack_many(T, N, stream, 0, G2, records)
 
             def raw_batch(b: int = b) -> None:
                 reply = raw.xreadgroup("g", "c", {f"raw{b}": ">"}, count=b)
                 raw.xack(f"raw{b}", "g", *[entry_id for entry_id, _ in reply[0][1]])
 
             for _ in range(5):  # warm: scripts loaded, keys created
+                felix_separate()
                 felix_batch()
                 raw_batch()
             felix = cg.count(repeat(felix_batch, rounds)) / rounds
+            separate = cg.count(repeat(felix_separate, rounds)) / rounds
             floor = cg.count(repeat(raw_batch, rounds)) / rounds
+            client.group_ack_many(T, N, stream, 0, G, held)
             out[f"drain_batch_{b}"] = {
                 "felix_per_batch": round(felix), "raw_per_batch": round(floor),
                 "felix_per_job": round(felix / b), "raw_per_job": round(floor / b),
                 "felix_over_raw": round(felix / floor, 2),
+                "felix_separate_acks_per_batch": round(separate),
+                "felix_separate_acks_over_raw": round(separate / floor, 2),
             }
         client.stream_create(T, N, "pub")
         publishes = rounds * 3

@@ -3,7 +3,8 @@
 Four registered systems share this module:
 
 - ``felix``: the sync client. Publish one call per job, the idempotent producer, batch
-  publish, and a drain of ``group_poll(max_records=concurrency)`` + ``group_ack_many``.
+  publish, and a drain of ``group_poll(max_records=concurrency, ack=last batch)``: each
+  batch's acks ride on the next poll, one round trip per batch.
 - ``felix-async``: the same through ``felix_redis.asyncio``.
 - ``felix-sharded``: a stream of ``SHARDS`` shards drained through ``group_sharded``.
 - ``felix-worker``: the ``felix_redis.Worker`` runtime (handler threads).
@@ -140,13 +141,15 @@ class Felix(RedisSystem):
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
         shard, batch = 0, self.cfg.concurrency
+        records: list[Any] = []
         ctx.wait_go()
         while not ctx.stopping:
-            records = client.group_poll(*NAME, shard, GROUP, max_records=batch, wait=WAIT_S)
+            # the acks of the last batch ride on the next poll: one round trip per batch
+            records = client.group_poll(*NAME, shard, GROUP, max_records=batch, wait=WAIT_S, ack=records)
             for record in records:
                 job(_sent(record))
-            if records:
-                client.group_ack_many(*NAME, shard, GROUP, [r.offset for r in records])
+        if records:
+            client.group_ack_many(*NAME, shard, GROUP, records)
 
 
 class FelixAsync(AsyncDriver, Felix):
@@ -179,13 +182,14 @@ class FelixAsync(AsyncDriver, Felix):
         async def main() -> None:
             client = await _aconnect(self.cfg.redis_url)
             batch = self.cfg.concurrency
+            records: list[Any] = []
             ctx.wait_go()
             while not ctx.stopping:
-                records = await client.group_poll(*NAME, 0, GROUP, max_records=batch, wait=WAIT_S)
+                records = await client.group_poll(*NAME, 0, GROUP, max_records=batch, wait=WAIT_S, ack=records)
                 for record in records:
                     job(_sent(record))
-                if records:
-                    await client.group_ack_many(*NAME, 0, GROUP, [r.offset for r in records])
+            if records:
+                await client.group_ack_many(*NAME, 0, GROUP, records)
 
         asyncio.run(main())
 
@@ -204,13 +208,14 @@ class FelixSharded(Felix):
         client = _connect(self.cfg.redis_url)
         group = client.group_sharded(*NAME, GROUP)
         batch = self.cfg.concurrency
+        items: list[Any] = []
         ctx.wait_go()
         while not ctx.stopping:
-            items = group.poll(batch, wait=WAIT_S)
+            items = group.poll(batch, wait=WAIT_S, ack=items)
             for item in items:
                 job(_sent(item))
-            if items:
-                group.ack_many(items)
+        if items:
+            group.ack_many(items)
 
 
 def _worker_class() -> Any:
