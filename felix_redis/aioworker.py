@@ -3,6 +3,11 @@
 Jobs run as tasks, at most ``concurrency`` at once. Unlike threads, a task can be
 cancelled: a handler that runs past ``hard_limit_s`` is cancelled and retried, and at
 the end of the shutdown grace period unfinished handlers are cancelled and handed back.
+
+As in the sync worker, a finished job frees its slot for the next poll, which acks it in
+the same round trip (``poll(..., ack=...)``); the settle task acks those no poll took
+within ``felix_redis.worker.ACK_LINGER_S`` (the loop waits in a long poll), and all of
+them at once on shutdown.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from felix_redis import worker as _worker
 from felix_redis.asyncio import AsyncShardedGroup
 from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
 from felix_redis.models import Record
 from felix_redis.worker import (
+    ACKED,
     DEAD,
     HANDED_BACK,
     RETRIED,
@@ -42,6 +49,9 @@ __all__ = ["AsyncWorker"]
 log = logging.getLogger("felix_redis.worker")
 
 AsyncHandler = Callable[[Record], Awaitable[object]]
+
+#: A finished job: (job, how long its handler ran, time.monotonic() when it finished).
+Finished = tuple[Job, float, float]
 
 
 class HardLimitExceeded(Exception):
@@ -66,7 +76,12 @@ class AsyncWorker(WorkerBase):
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         self._jobs: dict[Job, asyncio.Task[None]] = {}
-        self._acks: asyncio.Queue[tuple[Job, float] | None] = asyncio.Queue()
+        # Jobs whose handler returned, to ack. The next poll takes them along (ack=);
+        # the settle task acks those no poll took within ACK_LINGER_S (the loop waits in
+        # a long poll), and all of them on shutdown. _settle_wake rouses the settle task.
+        self._finished: list[Finished] = []
+        self._settle_wake = asyncio.Event()
+        self._settle_stop = False
         self._helpers: list[asyncio.Task[None]] = []
         self._signals: list[int] = []
 
@@ -85,6 +100,7 @@ class AsyncWorker(WorkerBase):
         """Stops polling; running handlers get ``grace_s`` to finish. Call on the loop's thread."""
         self._stopping.set()
         self._changed.set()
+        self._settle_wake.set()  # no poll will take the finished jobs along now
 
     @property
     def stopping(self) -> bool:
@@ -94,7 +110,9 @@ class AsyncWorker(WorkerBase):
 
     async def _startup(self) -> None:
         self._configure(await self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
-        self._acks = asyncio.Queue()
+        self._finished = []
+        self._settle_wake = asyncio.Event()
+        self._settle_stop = False
         self._helpers = [asyncio.create_task(self._heartbeat_task()), asyncio.create_task(self._settle_task())]
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
@@ -102,35 +120,52 @@ class AsyncWorker(WorkerBase):
                  self._where, self.group, self.consumer or "-", self.concurrency, self.visibility_timeout_s)
 
     async def _poll_iteration(self) -> None:
-        """Waits for a free slot, polls up to the free slots, starts a task per record."""
-        free = await self._wait_for_free_slot(self.poll_wait_s)
+        """Waits for a free slot, polls up to the free slots (acking the finished jobs in
+        the same round trip), starts a task per record."""
+        free, finished = await self._wait_for_free_slot(self.poll_wait_s)
         if free == 0 or self._stopping.is_set():
+            if finished:
+                await self._ack_batch(finished)
             return
         try:
-            items = await self._source.poll(free, None if self.burst else self.poll_wait_s)
+            items = await self._source.poll(
+                free, None if self.burst else self.poll_wait_s, ack=[job.item for job, _, _ in finished])
         except FelixError as exc:
             log.error("poll failed stream=%s group=%s: %s", self._where, self.group, exc)
+            if finished:
+                await self._ack_batch(finished)  # the acks it carried may not have been applied
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), min(self.poll_wait_s, 1.0))
             return
+        except BaseException:
+            # Cancelled (or a bug) mid-poll: give the jobs back to the settle task, which
+            # acks them again on shutdown (acks are idempotent).
+            self._requeue(finished)
+            raise
+        if finished:
+            self._acked(finished, ACKED)
         for item in items:
             self._dispatch(Job(item))
         if not items and self.burst:
             if not self._jobs:
                 log.info("burst: nothing due, stopping stream=%s group=%s", self._where, self.group)
                 self._stopping.set()
-            else:
+            elif len(self._jobs) > len(self._finished):
                 await self._wait_changed(self.poll_wait_s)
+            # else: every job left has finished; the next poll acks them, then stops
 
     async def _wait_changed(self, timeout: float) -> None:
         self._changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
 
-    async def _wait_for_free_slot(self, timeout: float) -> int:
-        if len(self._jobs) >= self.concurrency and not self._stopping.is_set():
+    async def _wait_for_free_slot(self, timeout: float) -> tuple[int, list[Finished]]:
+        """Free slots, counting those of finished jobs, and those jobs (taken: their acks
+        go with the next poll)."""
+        if len(self._jobs) - len(self._finished) >= self.concurrency and not self._stopping.is_set():
             await self._wait_changed(timeout)
-        return max(0, self.concurrency - len(self._jobs))
+        finished, self._finished = self._finished, []
+        return max(0, self.concurrency - len(self._jobs) + len(finished)), finished
 
     def _dispatch(self, job: Job) -> None:
         self._jobs[job] = asyncio.create_task(self._run_job(job))
@@ -166,7 +201,13 @@ class AsyncWorker(WorkerBase):
                 self._release(job)
         else:
             duration = time.monotonic() - job.started
-            job.settle("finished", lambda: self._acks.put_nowait((job, duration)))
+            job.settle("finished", lambda: self._add_finished(job, duration))
+
+    def _add_finished(self, job: Job, duration: float) -> None:
+        self._finished.append((job, duration, time.monotonic()))
+        if len(self._finished) == 1:
+            self._settle_wake.set()  # starts the settle task's linger
+        self._changed.set()  # its slot is free for the next poll
 
     async def _fail(self, job: Job, exc: Exception, duration: float) -> None:
         record = job.item.record
@@ -189,36 +230,49 @@ class AsyncWorker(WorkerBase):
             detail += f" settle_error={exc2!r}"
         report_outcome(self.stats, self._metrics, self._where, record, outcome, duration, detail, failed=True)
 
-    # -- acks, batched
+    # -- acks, batched: with the next poll, or by the settle task
+
+    def _requeue(self, finished: list[Finished]) -> None:
+        """Puts taken finished jobs back in front, for the settle task."""
+        if finished:
+            self._finished[:0] = finished
+            self._settle_wake.set()
 
     async def _settle_task(self) -> None:
+        """Acks the finished jobs no poll took along within ACK_LINGER_S (the loop waits
+        in a long poll, or is stopping), at most 1000 per call."""
         while True:
-            first = await self._acks.get()
-            if first is None:
+            if self._finished:
+                # read at call time, so one monkeypatch of felix_redis.worker covers both workers
+                wait = self._finished[0][2] + _worker.ACK_LINGER_S - time.monotonic()
+                if wait <= 0 or self._stopping.is_set() or self._settle_stop:
+                    batch, self._finished = self._finished[:1000], self._finished[1000:]
+                    await self._ack_batch(batch)
+                    continue
+                self._settle_wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._settle_wake.wait(), wait)
+            elif self._settle_stop:
                 return
-            batch = [first]
-            stop = False
-            while len(batch) < 1000 and not self._acks.empty():
-                nxt = self._acks.get_nowait()
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            await self._ack_batch(batch)
-            if stop:
-                return
+            else:
+                self._settle_wake.clear()
+                await self._settle_wake.wait()
 
-    async def _ack_batch(self, batch: list[tuple[Job, float]]) -> None:
+    async def _ack_batch(self, batch: list[Finished]) -> None:
         outcome, detail = STALE, "ack_failed=true"
         for attempt in range(3):
             try:
-                await self._group.ack_many(job.item for job, _ in batch)
-                outcome, detail = "acked", ""
+                await self._group.ack_many(job.item for job, _, _ in batch)
+                outcome, detail = ACKED, ""
                 break
             except FelixError as exc:
                 log.error("ack of %d record(s) failed (try %d of 3): %s", len(batch), attempt + 1, exc)
                 await asyncio.sleep(0.2 * (attempt + 1))
-        for job, duration in batch:
+        self._acked(batch, outcome, detail)
+
+    def _acked(self, batch: list[Finished], outcome: str, detail: str = "") -> None:
+        """Reports the outcome of finished jobs whose ack was sent, and frees their slots."""
+        for job, duration, _ in batch:
             report_outcome(self.stats, self._metrics, self._where, job.item.record, outcome, duration, detail)
             self._release(job)
 
@@ -255,7 +309,8 @@ class AsyncWorker(WorkerBase):
             if job.settle("handed_back"):
                 task.cancel()
                 await self._hand_back(job)
-        self._acks.put_nowait(None)
+        self._settle_stop = True  # the settle task acks every finished job at once, then ends
+        self._settle_wake.set()
         heartbeat, settle = self._helpers
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(settle), max(1.0, self.grace_s))
