@@ -178,6 +178,8 @@ end
 
 if n > 0 then
   call_many('ZADD', K.lease, leases)
+  -- the zset holds leases again: save_group need not look whether it emptied
+  S.unleased = false
   if #counts > 0 then call_many('HSET', K.attempts, counts) end
   if consumer ~= '' then
     call_many('HSET', K.owner, owners)
