@@ -4,7 +4,8 @@
 - Redis memory per waiting job against a raw stream entry with the same payload, and the
   group memory left per finished job;
 - Redis CPU per job (INFO commandstats, usec per job) against raw XREADGROUP + XACK;
-- the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere.
+- the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere,
+  next to raw XREADGROUP + XACK with 10,000 entries pending elsewhere.
 
     python bench/scale.py [--backlog 1000000] [--out bench/results/scale.json]
 
@@ -174,6 +175,28 @@ def measure(backlog: int) -> dict[str, Any]:
         out["in_flight_elsewhere"] = info.in_flight
         out["poll_ack_usec_with_dead_and_in_flight"] = round(poll_usec(), 1)
         out["poll_cost_ratio"] = round(out["poll_ack_usec_with_dead_and_in_flight"] / out["poll_ack_usec_plain"], 2)
+
+        # the same for raw Streams: XREADGROUP COUNT 16 + XACK, then with 10,000 entries
+        # pending for another consumer (its PEL, like felix's leases, is a sorted index)
+        pipe = raw.pipeline(transaction=False)
+        for _ in range(2 * 200 * 16 + 10_000):
+            pipe.xadd("raw:cost", {"p": PAYLOAD})
+        pipe.execute()
+        raw.xgroup_create("raw:cost", "g", id="0")
+
+        def raw_poll_usec(samples: int = 200) -> float:
+            raw.config_resetstat()
+            for _ in range(samples):
+                reply = raw.xreadgroup("g", "c", {"raw:cost": ">"}, count=16)
+                raw.xack("raw:cost", "g", *[entry[0] for entry in reply[0][1]])
+            stats = raw.info("commandstats")
+            return float(stats["cmdstat_xreadgroup"]["usec"] + stats["cmdstat_xack"]["usec"]) / samples
+
+        plain = raw_poll_usec()
+        raw.xreadgroup("g", "other", {"raw:cost": ">"}, count=10_000)
+        out["raw_poll_ack_usec_plain"] = round(plain, 2)
+        out["raw_poll_ack_usec_with_pending"] = round(raw_poll_usec(), 2)
+        out["raw_poll_cost_ratio"] = round(out["raw_poll_ack_usec_with_pending"] / plain, 2)
         client.close()
     return out
 
