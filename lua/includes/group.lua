@@ -173,11 +173,12 @@ local function finish(K, S, off)
 end
 
 -- Finishes many records at once (ack): ms are members known to be unfinished (offs, if
--- given: their offsets in ascending order). Their
+-- given: their offsets in ascending order; aligned: ms is in that same order). Their
 -- lease or owed entries must already be removed; a missing attempts hash or done set
 -- costs no command. The position walks over the sorted offsets without set operations
--- when they continue it (in-order acks).
-local function finish_many(K, S, ms, offs)
+-- when they continue it (in-order acks); the done set is looked at only when the
+-- position moved (the position itself is never finished, so never in the set).
+local function finish_many(K, S, ms, offs, aligned)
   if K.types.attempts ~= 'none' then call_many('HDEL', K.attempts, ms) end
   if S.cons then
     local owners = call_many('HMGET', K.owner, ms)
@@ -195,21 +196,23 @@ local function finish_many(K, S, ms, offs)
   end
   local below, above = {}, {}
   local start_pos = S.pos
-  for _, off in ipairs(offs) do
+  for i, off in ipairs(offs) do
     if off < start_pos then
-      below[#below + 1] = fmt(off)
+      below[#below + 1] = aligned and ms[i] or fmt(off)
     elseif off == S.pos then
       S.pos = off + 1
     else
-      above[#above + 1] = fmt(off)
+      above[#above + 1] = aligned and ms[i] or fmt(off)
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
   if #above > 0 then call_many('SADD', K.done, above); K.types.done = 'set' end
-  if K.types.done ~= 'none' then
-    while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+  if S.pos ~= start_pos then
+    if K.types.done ~= 'none' then
+      while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+    end
+    S.dirty = true
   end
-  if S.pos ~= start_pos then S.dirty = true end
 end
 
 -- The offsets ARGV[from..] as canonical decimal members (the form the zsets, hashes and
@@ -280,7 +283,7 @@ local function ack_many(K, S, ms)
   if #unfinished > 0 then
     -- offsets in order (acks of a poll's records usually are) need no sort
     if unfinished ~= uniq then offs = nil elseif not ascending then table.sort(offs) end
-    finish_many(K, S, unfinished, offs)
+    finish_many(K, S, unfinished, offs, offs and ascending)
   end
   return out
 end
