@@ -430,6 +430,13 @@ class Worker(WorkerBase):
                 self._ack_batch(finished)  # the acks it carried may not have been applied
             self._stopping.wait(min(self.poll_wait_s, 1.0))
             return
+        except BaseException:
+            # KeyboardInterrupt or a bug mid-poll: the settle thread acks those jobs (again:
+            # acks are idempotent) while run() shuts down.
+            with self._slots:
+                self._finished[:0] = finished
+                self._settle.notify_all()
+            raise
         if finished:
             self._acked(finished, ACKED)
         for item in items:

@@ -301,6 +301,31 @@ def test_a_finished_job_is_acked_while_the_loop_long_polls(
     thread.join(7)
 
 
+def test_a_poll_that_blows_up_still_gets_its_acks_applied(make: Callable[..., felix_redis.Client]) -> None:
+    """A bug or an interrupt in the poll that was to carry acks: run() raises, and the
+    shutdown still acks those jobs (nothing is left to lapse and run twice)."""
+    c = make()
+    for i in range(3):
+        c.publish(T, N, S, str(i))
+    seen: list[int] = []
+    w = Worker(c, T, N, S, G, lambda r: seen.append(int(r.payload)), concurrency=3, poll_wait_s=0.2,
+               handle_signals=False)
+    real = w._source.poll
+
+    def poll(max_records: int, wait: float | None = None, *, ack: list[object] | None = None) -> list[object]:
+        if ack:
+            raise RuntimeError("boom")
+        return list(real(max_records, wait, ack=ack))
+
+    w._source.poll = poll  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="boom"):
+        w.run()
+    assert sorted(seen) == [0, 1, 2]
+    assert (w.stats.processed, w.stats.in_flight) == (3, 0)
+    info = c.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight) == (3, 0)
+
+
 # -- the asyncio worker
 
 
