@@ -70,10 +70,10 @@ def _log() -> EventLog:
 class LoggingGroup(ShardedGroup):
     """A ShardedGroup that logs every hand-out with server times around the poll."""
 
-    def poll(self, max_records: int = 16, wait: float | None = None) -> list[Item]:
+    def poll(self, max_records: int = 16, wait: float | None = None, *, ack: Any = None) -> list[Item]:
         log = _log()
         before = log.now_us()
-        items = super().poll(max_records, wait)
+        items = super().poll(max_records, wait, ack=ack)
         if items:
             after = log.now_us()
             for item in items:
