@@ -308,9 +308,38 @@ class AsyncClient:
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
         shard: int | None = None, key: str | bytes | None = None,
     ) -> Published:
-        s, first, _count = await self._drive(self.core.publish_plain(
-            tenant, namespace, stream, [as_bytes(payload)], shard, key))
-        return Published(s, first)
+        if type(payload) is not bytes:
+            payload = as_bytes(payload)
+        core = self.core
+        if not core.idempotent_publish:
+            s, first, _count = await self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, None))
+            return Published(s, first)
+        state = core.producers.acquire()
+        try:
+            return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+        finally:
+            core.producers.release(state)
+
+    async def _publish_one(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None,
+        key: str | bytes | None, state: ProducerState,
+    ) -> Published:
+        """As :meth:`felix_redis.Client._publish_one`."""
+        core = self.core
+        quick = core.quick_publish(tenant, namespace, stream, payload, shard, key, state)
+        if quick is None:
+            s, first, _count = await self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, state))
+            return Published(s, first)
+        op, slot = quick
+        try:
+            reply = await self._execute(op)
+        except FelixError as exc:
+            reply = await self._drive(core.publish_failed(state, op, exc))
+        except BaseException:
+            state.reset()  # cancelled with the outcome unknown
+            raise
+        state.sequences[slot] = op.args[2]
+        return Published(slot[1], int(reply[0]))
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
@@ -499,12 +528,15 @@ class AsyncIdempotentProducer:
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
         shard: int | None = None, key: str | bytes | None = None,
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], shard, key))[0]
+        if type(payload) is not bytes:
+            payload = as_bytes(payload)
+        async with self._lock:
+            return await self._client._publish_one(tenant, namespace, stream, payload, shard, key, self._state)
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key)))[0]
+        return await self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
 
 
 class AsyncShardedGroup(ShardedGroupBase):

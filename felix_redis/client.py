@@ -380,10 +380,39 @@ class Client:
         key: str | bytes | None = None,
     ) -> Published:
         """Appends one record. Routed by ``shard``, else by ``key``, else round-robin."""
-        # publish_batch of [payload], without the list's extra checks and objects
-        s, first, _count = self._drive(self.core.publish_plain(
-            tenant, namespace, stream, [as_bytes(payload)], shard, key))
-        return Published(s, first)
+        if type(payload) is not bytes:
+            payload = as_bytes(payload)
+        core = self.core
+        if not core.idempotent_publish:
+            s, first, _count = self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, None))
+            return Published(s, first)
+        state = core.producers.acquire()
+        try:
+            return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+        finally:
+            core.producers.release(state)
+
+    def _publish_one(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None,
+        key: str | bytes | None, state: ProducerState,
+    ) -> Published:
+        """One payload with producer ``state`` (held by the caller): the script call
+        straight away when the caches allow (:meth:`Core.quick_publish`), else the plan."""
+        core = self.core
+        quick = core.quick_publish(tenant, namespace, stream, payload, shard, key, state)
+        if quick is None:
+            s, first, _count = self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, state))
+            return Published(s, first)
+        op, slot = quick
+        try:
+            reply = self._execute(op)
+        except FelixError as exc:
+            reply = self._drive(core.publish_failed(state, op, exc))
+        except BaseException:
+            state.reset()  # interrupted with the outcome unknown
+            raise
+        state.sequences[slot] = op.args[2]
+        return Published(slot[1], int(reply[0]))
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
@@ -711,12 +740,15 @@ class IdempotentProducer:
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
         shard: int | None = None, key: str | bytes | None = None,
     ) -> Published:
-        return self.publish_batch(tenant, namespace, stream, [payload], shard, key)[0]
+        if type(payload) is not bytes:
+            payload = as_bytes(payload)
+        with self._state.lock:
+            return self._client._publish_one(tenant, namespace, stream, payload, shard, key, self._state)
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
-        return self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key))[0]
+        return self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
 
 
 class Item:

@@ -768,13 +768,28 @@ class Core:
             context, settings.replicas,
         )
         try:
-            try:
-                reply = yield op
-            except ConnectionFailed:
-                # Outcome unknown: one more try with the same sequence is answered from
-                # the shard's memory if the first landed.
-                yield Sleep(0.05 + random.random() * 0.1)
-                reply = yield op
+            reply = yield op
+        except FelixError as exc:
+            reply = yield from self.publish_failed(producer, op, exc)
+        except BaseException:
+            # Cancelled with the outcome unknown.
+            producer.reset()
+            raise
+        producer.sequences[slot] = seq
+        if trims:
+            yield from self.maybe_trim(name, settings, shard, reply)
+        return shard, int(reply[0]), int(reply[1])
+
+    def publish_failed(self, producer: ProducerState, op: Eval, exc: FelixError) -> Plan[Any]:
+        """The rest of a producer's publish after its first send ``op`` failed with
+        ``exc``: the reply of a second send, or the error. One plan at a time per producer."""
+        try:
+            if not isinstance(exc, ConnectionFailed):
+                raise exc
+            # Outcome unknown: one more try with the same sequence is answered from the
+            # shard's memory if the first landed.
+            yield Sleep(0.05 + random.random() * 0.1)
+            return (yield op)
         except (ConnectionFailed, SequenceError, NotReplicated):
             # Unknown outcome (lost twice; or applied on the primary only, which a
             # failover may undo) or a sequence the shard refused: start over as a new
@@ -789,10 +804,46 @@ class Core:
             # Cancelled with the outcome unknown.
             producer.reset()
             raise
-        producer.sequences[slot] = seq
-        if trims:
-            yield from self.maybe_trim(name, settings, shard, reply)
-        return shard, int(reply[0]), int(reply[1])
+
+    def quick_publish(
+        self, tenant: object, namespace: object, stream: object, payload: bytes, shard: object,
+        key: object, producer: ProducerState,
+    ) -> tuple[Eval, tuple[str, int]] | None:
+        """The drivers' fast path for one payload with a producer: the script call of
+        :meth:`publish` and the (stream, shard) slot its sequence is for, built in one
+        step from the caches, without a plan. None when the checked plan must run: a
+        name not seen before, settings not cached or stale, a stream with retention (it
+        trims after publishing), a shard that is not a plain int in range, an oversize
+        payload, or a producer without an id yet. The driver runs the call, hands a
+        FelixError to :meth:`publish_failed`, resets the producer on any other
+        exception, and on success stores the sequence (``producer.sequences[slot]``)."""
+        if type(tenant) is not str or type(namespace) is not str or type(stream) is not str:
+            return None
+        name = self._names.get((tenant, namespace, stream))
+        if name is None:
+            return None
+        path = name.path
+        settings = self._settings.get(path)
+        if (settings is None or time.monotonic() - settings.loaded_at >= self.settings_ttl_s
+                or settings.max_len or settings.max_age or len(payload) > settings.max_payload):
+            return None
+        pid = producer.producer_id
+        if pid is None:
+            return None
+        raw_key = b"" if key is None else check_record_key(key)
+        if shard is None:
+            shard = shard_for_key(raw_key, settings.shards) if key is not None else (
+                next(self._round_robin) % settings.shards)
+        elif type(shard) is not int or not 0 <= shard < settings.shards:
+            return None
+        meta, log, context = self.shard_target(name, shard)
+        slot = (path, shard)
+        op = Eval(
+            "publish", [meta, log, name.producer_key(shard, pid)],
+            [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, payload],
+            context, settings.replicas,
+        )
+        return op, slot
 
     # -- retention
 

@@ -272,3 +272,162 @@ def test_checked_names_are_remembered_but_bad_names_are_always_refused(monkeypat
     assert keys.check_name(Name("a"), "group") == "a"
     with pytest.raises(InvalidArgument, match="is not allowed"):
         keys.check_name(Name("a b"), "group")
+
+
+# ------------------------------------------------------------------ publish fast path
+
+
+def plan_eval(client: felix_redis.Client, *args: Any) -> Eval:
+    """The publish Eval the checked plan yields for a one-payload publish (not run)."""
+    tenant, namespace, stream, payload, shard, key, producer = args
+    plan = client.core.publish(tenant, namespace, stream, [payload], shard, key, producer)
+    op = next(plan)
+    plan.close()
+    assert type(op) is Eval and op.script == "publish"
+    return op
+
+
+def test_quick_publish_sends_what_the_plan_sends(client: felix_redis.Client) -> None:
+    """The fast path builds, from the caches, the very call the checked plan builds; and
+    leaves every case it does not cover to the plan."""
+    client.stream_create(T, N, S, shards=3)
+    client.publish(T, N, S, b"warm")  # names and settings cached
+    core = client.core
+    producer = P.ProducerState(12345, local=True)
+    producer.sequences[(f"{T}/{N}/{S}", 2)] = 6
+    for shard, key in [(None, None), (2, None), (0, None), (None, "order-1"), (1, b"order-2")]:
+        # the same round-robin position for both
+        core._round_robin = iter([7, 7])  # type: ignore[assignment]
+        quick = core.quick_publish(T, N, S, b"x", shard, key, producer)
+        assert quick is not None
+        op, slot = quick
+        want = plan_eval(client, T, N, S, b"x", shard, key, producer)
+        assert (op.keys, op.args, op.context, op.replicas) == (want.keys, want.args, want.context, want.replicas)
+        assert slot == (f"{T}/{N}/{S}", int(op.keys[0].split("/")[-1].split("}")[0]))
+        assert op.args[2] == producer.sequences.get(slot, 0) + 1
+    big = b"x" * (1024 * 1024 + 1)
+    for args in [
+        (Name(T), N, S, b"x", None, None, producer),  # not an exact str: never from the caches
+        (T, N, "other", b"x", None, None, producer),  # a stream not seen yet
+        (T, N, S, b"x", True, None, producer),  # a bool is no shard
+        (T, N, S, b"x", 3, None, producer),  # no such shard
+        (T, N, S, b"x", -1, None, producer),
+        (T, N, S, big, None, None, producer),  # oversize: the plan refuses it
+        (T, N, S, b"x", None, None, P.ProducerState()),  # no producer id yet
+    ]:
+        assert core.quick_publish(*args) is None
+    core.settings_ttl_s = 0  # stale settings: the plan reads them again
+    assert core.quick_publish(T, N, S, b"x", None, None, producer) is None
+    core.settings_ttl_s = 60.0
+    client.stream_create(T, N, "kept", retention_max_len=10)
+    client.publish(T, N, "kept", b"warm")
+    assert core.quick_publish(T, N, "kept", b"x", None, None, producer) is None  # it trims after publishing
+    with pytest.raises(InvalidArgument, match="record key must not be empty"):
+        core.quick_publish(T, N, S, b"x", None, "", producer)
+
+
+def lose_first_reply(client: Any, monkeypatch: pytest.MonkeyPatch, asynchronous: bool = False) -> list[Any]:
+    """The next publish script runs but its reply is lost (ConnectionFailed)."""
+    real = client._execute
+    ops: list[Any] = []
+
+    def lose(op: Any) -> bool:
+        ops.append(op)
+        return type(op) is Eval and op.script == "publish" and sum(
+            type(o) is Eval and o.script == "publish" for o in ops) == 1
+
+    if asynchronous:
+        async def alossy(op: Any) -> Any:
+            result = await real(op)
+            if lose(op):
+                raise felix_redis.ConnectionFailed("simulated: reply lost")
+            return result
+        monkeypatch.setattr(client, "_execute", alossy)
+    else:
+        def lossy(op: Any) -> Any:
+            result = real(op)
+            if lose(op):
+                raise felix_redis.ConnectionFailed("simulated: reply lost")
+            return result
+        monkeypatch.setattr(client, "_execute", lossy)
+    return ops
+
+
+@pytest.mark.parametrize("how", ["publish", "producer", "keyed"])
+def test_fast_path_lost_reply_lands_once(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A plain publish (borrowed producer) and an idempotent producer's publish on the
+    fast path: a lost reply is sent again with the same sequence and lands once; the
+    sequence moves on afterwards."""
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+
+    def publish(payload: bytes) -> felix_redis.Published:
+        if how == "publish":
+            return client.publish(T, N, S, payload)
+        if how == "producer":
+            return producer.publish(T, N, S, payload)
+        return producer.publish_keyed(T, N, S, "k", payload)
+
+    assert publish(b"warm").offset == 0  # caches filled: the next call takes the fast path
+    ops = lose_first_reply(client, monkeypatch)
+    assert publish(b"once").offset == 1
+    sends = [op for op in ops if type(op) is Eval]
+    assert len(sends) == 2 and sends[0].args == sends[1].args  # the same producer and sequence
+    assert any(type(op) is P.Sleep for op in ops)
+    assert publish(b"after").offset == 2
+    assert [r.payload for r in client.read(T, N, S, 0, 0)] == [b"warm", b"once", b"after"]
+
+
+def test_fast_path_refusal_keeps_the_sequence_and_interrupt_resets_it(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    producer.publish(T, N, S, b"a")
+    pid = producer.id
+    real = client._execute
+
+    def refuse(op: Any) -> Any:
+        raise felix_redis.NotFound("simulated: stream deleted")
+
+    monkeypatch.setattr(client, "_execute", refuse)
+    with pytest.raises(NotFound, match="simulated"):
+        producer.publish(T, N, S, b"b")
+    monkeypatch.setattr(client, "_execute", real)
+    assert producer.id == pid  # refused before anything was written: same producer
+    assert producer.publish(T, N, S, b"b").offset == 1
+
+    def interrupt(op: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client, "_execute", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        producer.publish(T, N, S, b"c")
+    monkeypatch.setattr(client, "_execute", real)
+    assert producer.id is None  # outcome unknown: a new producer from here on
+    assert producer.publish(T, N, S, b"c").offset == 2
+    assert producer.id not in (None, pid)
+
+
+def test_async_fast_path_lost_reply_lands_once(backend: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        c = fa.connect(backend[0])
+        try:
+            await c.stream_create(T, N, S)
+            producer = await c.idempotent_producer()
+            assert (await c.publish(T, N, S, b"warm")).offset == 0
+            ops = lose_first_reply(c, monkeypatch, asynchronous=True)
+            assert (await c.publish(T, N, S, b"once")).offset == 1
+            assert len([op for op in ops if type(op) is Eval]) == 2
+            monkeypatch.undo()
+            ops = lose_first_reply(c, monkeypatch, asynchronous=True)
+            assert (await producer.publish_keyed(T, N, S, "k", b"twice")).offset == 2
+            assert len([op for op in ops if type(op) is Eval]) == 2
+            assert (await c.publish(T, N, S, "after")).offset == 3
+            assert [r.payload for r in await c.read(T, N, S, 0, 0)] == [b"warm", b"once", b"twice", b"after"]
+        finally:
+            await c.close()
+
+    asyncio.run(scenario())

@@ -31,7 +31,7 @@ def prelude() -> Any:
     text = (lua_dir() / "includes" / "prelude.lua").read_text()
     p = lua.execute(
         text + "\nreturn {fail = fail, fmt = fmt, now_ms = now_ms, int_arg = int_arg, "
-        "parse_id = parse_id, entry_fields = entry_fields}"
+        "int_arg_seen = int_arg_seen, setting_num = setting_num, parse_id = parse_id, entry_fields = entry_fields}"
     )
     # Calls f under pcall: (True, result) or (False, the FELIX_... message).
     p.try_ = lua.execute(
@@ -44,6 +44,37 @@ def prelude() -> Any:
 
 def test_now_ms(prelude: Any) -> None:
     assert prelude.now_ms() == 1_700_000_000_123
+
+
+@pytest.mark.parametrize("usec", ["0", "7", "99", "999", "1000", "5321", "12345", "99999", "100000", "123456",
+                                  "999999"])
+def test_now_ms_text_is_now_ms_as_a_decimal_string(usec: str) -> None:
+    # TIME gives microseconds without leading zeros: every length must land on the same
+    # millisecond as now_ms()'s arithmetic
+    lua = lua51.LuaRuntime()
+    lua.execute("redis = {call = function(cmd) if cmd == 'TIME' then return {'1700000000', '" + usec + "'} end end}")
+    text = (lua_dir() / "includes" / "prelude.lua").read_text()
+    p = lua.execute(text + "\nreturn {now_ms = now_ms, now_ms_text = now_ms_text}")
+    want = 1_700_000_000_000 + int(usec) // 1000
+    assert p.now_ms() == want
+    assert p.now_ms_text() == str(want)
+
+
+def test_int_arg_seen_checks_like_int_arg_and_remembers(prelude: Any) -> None:
+    assert prelude.int_arg_seen("3600000", "idle", 1, 2**40) == 3_600_000
+    assert prelude.int_arg_seen("3600000", "idle", 1, 2**40) == 3_600_000  # remembered
+    for bad in ["0", "x", "", "1.5", None]:
+        ok, message = prelude.try_(prelude.int_arg_seen, bad, "idle", 1, 2**40)
+        assert ok is False and message.startswith("FELIX_INVALID idle must be")
+    # a value remembered for one argument is checked anew for another
+    ok, _ = prelude.try_(prelude.int_arg_seen, "3600000", "other", 1, 10)
+    assert ok is False
+
+
+def test_setting_num(prelude: Any) -> None:
+    assert prelude.setting_num("1048576") == 1_048_576
+    assert prelude.setting_num("1048576") == 1_048_576
+    assert prelude.setting_num("junk") is None
 
 
 def test_fmt_writes_large_integers_without_exponent(prelude: Any) -> None:

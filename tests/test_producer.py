@@ -205,6 +205,34 @@ def test_sequence_gap_and_older_sequence_are_refused(client: felix_redis.Client)
     assert tail(client) == before + 1
 
 
+def test_state_of_another_stream_epoch_or_another_format_counts_as_none(client: felix_redis.Client) -> None:
+    """publish.lua reads the next sequence with plain finds and matches the whole state only
+    for a re-send or a refusal: a state left by a deleted stream of the same name (another
+    epoch), or one it did not write, is no state, whatever sequence comes."""
+    client.stream_create(T, N, S)
+    pid = client.idempotent_producer().id
+    assert pid is not None
+    key = client.core.name(T, N, S).producer_key(0, pid)
+    run_publish_script(client, pid, 1)
+    epoch, seq, *_ = client.redis.get(key).split()
+    assert seq == b"1"
+    for state in [b"1 7 0 1 1700000000000",  # another epoch
+                  epoch + b"7 0 1 1700000000000",  # the epoch's digits run on
+                  epoch + b" 0x7 0 1 1700000000000",  # not decimal
+                  epoch + b" 7 0 1",  # fields missing
+                  epoch + b" 7", b"junk", b""]:
+        client.redis.set(key, state)
+        before = tail(client)
+        assert run_publish_script(client, pid, 7)[3] == 0, state  # appended, not a re-send
+        assert tail(client) == before + 1
+    # and a state it wrote still refuses what it must
+    client.redis.set(key, epoch + b" 7 0 1 1700000000000")
+    assert isinstance(script_error(client, pid, 9), felix_redis.SequenceError)
+    assert isinstance(script_error(client, pid, 6), felix_redis.SequenceError)
+    assert run_publish_script(client, pid, 7)[3] == 1
+    assert run_publish_script(client, pid, 8)[3] == 0
+
+
 def test_sequence_error_through_the_client(client: felix_redis.Client) -> None:
     """The client raises felix_redis.SequenceError (an InvalidArgument) and forgets the
     producer id, so its next publish starts over cleanly."""

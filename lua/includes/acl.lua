@@ -99,9 +99,9 @@ end
 -- between function calls, like the group key lists; bounded).
 local STREAMS, streams = {}, 0
 
--- Fails with NOPERM unless the user holds one of roles ('stream.publish',
--- 'stream.admin') on the stream of KEYS[1]; every key must carry KEYS[1]'s shard tag.
-local function require_stream_role(...)
+-- Fails with NOPERM unless the user holds role ('stream.publish' or 'stream.admin'), or
+-- else role2 when given, on the stream of KEYS[1]; every key must carry KEYS[1]'s shard tag.
+local function require_stream_role(role, role2)
   if not redis.acl_check_cmd then return end
   local k1 = KEYS[1] or ''
   local sh = STREAMS[k1]
@@ -118,16 +118,23 @@ local function require_stream_role(...)
       fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. k1)
     end
   end
-  local roles, caps = {...}, {}
-  for i, role in ipairs(roles) do
-    local cap = sh.caps[role]
-    if not cap then
-      cap = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role, 8)
-      sh.caps[role] = cap
-    end
-    if redis.acl_check_cmd('EVALSHA', '0', '1', cap) then return end
-    caps[i] = cap
+  local caps = sh.caps
+  local cap = caps[role]
+  if not cap then
+    cap = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role, 8)
+    caps[role] = cap
   end
-  fail('NOPERM', 'this Redis user lacks the ' .. table.concat(roles, ' or ') .. ' role on stream '
-    .. stream_of(sh.tag) .. ' (no ACL access to ' .. table.concat(caps, ' or ') .. ')')
+  if redis.acl_check_cmd('EVALSHA', '0', '1', cap) then return end
+  local roles, missing = role, cap
+  if role2 then
+    local cap2 = caps[role2]
+    if not cap2 then
+      cap2 = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role2, 8)
+      caps[role2] = cap2
+    end
+    if redis.acl_check_cmd('EVALSHA', '0', '1', cap2) then return end
+    roles, missing = role .. ' or ' .. role2, cap .. ' or ' .. cap2
+  end
+  fail('NOPERM', 'this Redis user lacks the ' .. roles .. ' role on stream '
+    .. stream_of(sh.tag) .. ' (no ACL access to ' .. missing .. ')')
 end

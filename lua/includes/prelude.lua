@@ -21,6 +21,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The first 3 digits of a microseconds string (1 to 6 digits, not zero-padded) padded
+-- to 6, by its length.
+local MS_PAD = {'000', '000', '000', '00', '0', ''}
+
+-- now_ms() as a decimal string, made from TIME's strings: for a script that only writes
+-- the time into IDs and values, this skips two tonumber (strtod) and a string.format.
+local function now_ms_text()
+  local t = redis.call('TIME')
+  local u = t[2]
+  local n = #u
+  if n <= 3 then return t[1] .. '000' end
+  return t[1] .. MS_PAD[n] .. s_sub(u, 1, n - 3)
+end
+
 -- A decimal integer argument within [lo, hi]; anything else fails with INVALID.
 local function int_arg(value, what, lo, hi)
   if type(value) ~= 'string' or #value > 16 or not s_match(value, '^%-?%d+$') then
@@ -29,6 +43,35 @@ local function int_arg(value, what, lo, hi)
   local n = tonumber(value)
   if n < lo or n > hi then
     fail('INVALID', what .. ' must be between ' .. fmt(lo) .. ' and ' .. fmt(hi) .. ', got ' .. value)
+  end
+  return n
+end
+
+-- int_arg for an argument that repeats from call to call (a client setting): the
+-- values seen are remembered per what (functions keep them between calls; bounded).
+local INTS, ints = {}, 0
+local function int_arg_seen(value, what, lo, hi)
+  local seen = INTS[what]
+  local n = seen and seen[value]
+  if n then return n end
+  n = int_arg(value, what, lo, hi)
+  if ints >= 256 then INTS, ints = {}, 0 end
+  seen = INTS[what]
+  if not seen then seen = {} INTS[what] = seen end
+  seen[value], ints = n, ints + 1
+  return n
+end
+
+-- tonumber of a decimal string this library wrote (a stream setting), remembered like
+-- int_arg_seen's values: tonumber is strtod, costly next to a table lookup.
+local NUMS, nums = {}, 0
+local function setting_num(s)
+  local n = NUMS[s]
+  if n then return n end
+  n = tonumber(s)
+  if n then
+    if nums >= 256 then NUMS, nums = {}, 0 end
+    NUMS[s], nums = n, nums + 1
   end
   return n
 end
