@@ -145,3 +145,24 @@ def stream(client: felix_redis.Client) -> felix_redis.Client:
     client.stream_create(T, N, S)
     client.group_create(T, N, S, "workers")
     return client
+
+
+@pytest.fixture
+def worker_group(redis_client: felix_redis.Client) -> Callable[..., felix_redis.Client]:
+    """Creates the workers' stream acme/prod/jobs (``shards``) and group ``workers``
+    (``vt_ms``, ``max_attempts``) on the real Redis; returns the client."""
+
+    def create(vt_ms: int = 30_000, max_attempts: int = 5, shards: int = 1) -> felix_redis.Client:
+        redis_client.stream_create(T, N, S, shards=shards)
+        redis_client.group_create(T, N, S, "workers", visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
+        return redis_client
+
+    return create
+
+
+@pytest.fixture
+def aclient(worker_group: Callable[..., felix_redis.Client], redis_url: str) -> Callable[[], Any]:
+    """Makes asyncio clients of the test Redis (after worker_group's flush)."""
+    import felix_redis.asyncio as aio
+
+    return lambda: aio.connect(redis_url)

@@ -23,19 +23,6 @@ from felix_redis.errors import FelixError
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
 
-@pytest.fixture
-def make(redis_client: felix_redis.Client) -> Callable[..., felix_redis.Client]:
-    def create(vt_ms: int = 30_000, max_attempts: int = 5, shards: int = 1) -> felix_redis.Client:
-        redis_client.stream_create(T, N, S, shards=shards)
-        redis_client.group_create(T, N, S, G, visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
-        return redis_client
-
-    return create
-
-
-@pytest.fixture
-def aclient(make: Callable[..., felix_redis.Client], redis_url: str) -> Callable[[], aio.AsyncClient]:
-    return lambda: aio.connect(redis_url)
 
 
 class Spy:
@@ -76,14 +63,14 @@ async def wait_until(check: Callable[[], bool], timeout: float) -> bool:
 
 
 def test_async_acks_ride_on_the_next_poll(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With the settle task told to wait a minute, only polls can ack: the worker still
     drains the stream while it runs, so every finished job's ack went with a poll."""
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
     spy = Spy(monkeypatch)
-    c = make(shards=2)
+    c = worker_group(shards=2)
     for i in range(40):
         c.publish(T, N, S, str(i))
     seen: list[int] = []
@@ -119,14 +106,14 @@ def test_async_acks_ride_on_the_next_poll(
 
 
 def test_async_a_finished_job_is_acked_while_the_loop_long_polls(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No next poll comes for a while (the loop waits in a 5 s long poll): the settle
     task acks the finished job after the linger, and frees its slot."""
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 0.05)
     spy = Spy(monkeypatch)
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "x")
 
     async def handler(record: Record) -> None:
@@ -150,14 +137,14 @@ def test_async_a_finished_job_is_acked_while_the_loop_long_polls(
 
 
 def test_async_a_failed_poll_acks_its_finished_jobs_on_their_own(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A poll that carried acks raised: those acks may not have been applied, so the
     worker acks the jobs again in a call of their own (the linger is a minute here)."""
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
     spy = Spy(monkeypatch, fail_polls_with_acks=1)
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "a")
     c.publish(T, N, S, "b")
 
@@ -184,12 +171,12 @@ def test_async_a_failed_poll_acks_its_finished_jobs_on_their_own(
 
 
 def test_async_burst_acks_with_polls_and_stops_without_waiting_out_the_linger(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
     spy = Spy(monkeypatch)
-    c = make(shards=3)
+    c = worker_group(shards=3)
     for i in range(30):
         c.publish(T, N, S, str(i))
 
@@ -212,13 +199,13 @@ def test_async_burst_acks_with_polls_and_stops_without_waiting_out_the_linger(
 
 
 def test_async_cancelled_run_still_acks_the_finished_jobs(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The run task is cancelled while its poll carries acks: the shutdown acks those
     jobs again (acks are idempotent) instead of leaving their leases to lapse."""
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "x")
     carried = asyncio.Event()
     poll = aio.AsyncShardedGroup.poll
@@ -255,13 +242,13 @@ def test_async_cancelled_run_still_acks_the_finished_jobs(
 
 
 def test_async_a_job_finishing_during_the_grace_period_is_acked_at_once(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After a stop no poll comes: a handler that finishes within the grace period is
     acked at once, not after the linger (a minute here)."""
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "x")
     started, release = asyncio.Event(), asyncio.Event()
 

@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import click
 import pytest
@@ -84,24 +84,14 @@ def test_import_handler() -> None:
 # -- the sync worker
 
 
-@pytest.fixture
-def make(redis_client: felix_redis.Client) -> Callable[..., felix_redis.Client]:
-    def create(vt_ms: int = 30_000, max_attempts: int = 5, shards: int = 1) -> felix_redis.Client:
-        redis_client.stream_create(T, N, S, shards=shards)
-        redis_client.group_create(T, N, S, G, visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
-        return redis_client
-
-    return create
-
-
 def run_in_thread(worker: Worker) -> threading.Thread:
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return thread
 
 
-def test_burst_worker_handles_every_record_of_every_shard(make: Callable[..., felix_redis.Client]) -> None:
-    c = make(shards=3)
+def test_burst_worker_handles_every_record_of_every_shard(worker_group: Callable[..., felix_redis.Client]) -> None:
+    c = worker_group(shards=3)
     for i in range(60):
         c.publish(T, N, S, str(i))
     seen: list[int] = []
@@ -126,9 +116,9 @@ def test_burst_worker_handles_every_record_of_every_shard(make: Callable[..., fe
 
 
 def test_outcomes_are_logged_one_line_each(
-    make: Callable[..., felix_redis.Client], caplog: pytest.LogCaptureFixture
+    worker_group: Callable[..., felix_redis.Client], caplog: pytest.LogCaptureFixture
 ) -> None:
-    c = make(max_attempts=2)
+    c = worker_group(max_attempts=2)
     c.publish(T, N, S, "ok")
     c.publish(T, N, S, "poison")
 
@@ -147,8 +137,8 @@ def test_outcomes_are_logged_one_line_each(
     assert any("worker stopped" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
-def test_leases_are_extended_while_the_handler_runs(make: Callable[..., felix_redis.Client]) -> None:
-    c = make(vt_ms=300)
+def test_leases_are_extended_while_the_handler_runs(worker_group: Callable[..., felix_redis.Client]) -> None:
+    c = worker_group(vt_ms=300)
     c.publish(T, N, S, "slow")
     attempts: list[int] = []
     started = threading.Event()
@@ -173,8 +163,8 @@ def test_leases_are_extended_while_the_handler_runs(make: Callable[..., felix_re
     assert attempts == [1] and w.stats.processed == 1
 
 
-def test_a_handler_past_the_hard_limit_loses_its_lease(make: Callable[..., felix_redis.Client]) -> None:
-    c = make(vt_ms=300)
+def test_a_handler_past_the_hard_limit_loses_its_lease(worker_group: Callable[..., felix_redis.Client]) -> None:
+    c = worker_group(vt_ms=300)
     c.publish(T, N, S, "stuck")
     started, release = threading.Event(), threading.Event()
 
@@ -195,9 +185,9 @@ def test_a_handler_past_the_hard_limit_loses_its_lease(make: Callable[..., felix
 
 
 def test_stop_lets_handlers_finish_within_grace_and_hands_back_the_rest(
-    make: Callable[..., felix_redis.Client],
+    worker_group: Callable[..., felix_redis.Client],
 ) -> None:
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "quick")
     c.publish(T, N, S, "slow")
     started = threading.Barrier(3)
@@ -223,8 +213,8 @@ def test_stop_lets_handlers_finish_within_grace_and_hands_back_the_rest(
     assert [r.payload for r in c.group_poll(T, N, S, 0, G)] == [b"slow"]
 
 
-def test_a_shard_subset_only_polls_those_shards(make: Callable[..., felix_redis.Client]) -> None:
-    c = make(shards=3)
+def test_a_shard_subset_only_polls_those_shards(worker_group: Callable[..., felix_redis.Client]) -> None:
+    c = worker_group(shards=3)
     for shard in range(3):
         for _ in range(4):
             c.publish(T, N, S, f"s{shard}", shard=shard)
@@ -238,8 +228,8 @@ def test_a_shard_subset_only_polls_those_shards(make: Callable[..., felix_redis.
         Worker(c, T, N, S, G, print, shards=[5], handle_signals=False).run()
 
 
-def test_a_shard_subset_long_polls(make: Callable[..., felix_redis.Client]) -> None:
-    c = make(shards=2)
+def test_a_shard_subset_long_polls(worker_group: Callable[..., felix_redis.Client]) -> None:
+    c = worker_group(shards=2)
     got = threading.Event()
     w = Worker(c, T, N, S, G, lambda r: got.set(), shards=[1], poll_wait_s=5, handle_signals=False)
     thread = run_in_thread(w)
@@ -251,13 +241,15 @@ def test_a_shard_subset_long_polls(make: Callable[..., felix_redis.Client]) -> N
     thread.join(7)
 
 
-def test_acks_ride_on_the_next_poll(make: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_acks_ride_on_the_next_poll(
+    worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With the settle thread told to wait a minute, only polls can ack: the worker still
     drains the stream while it runs, so every finished job's ack went with a poll."""
     import felix_redis.worker as worker_module
 
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 60.0)
-    c = make(shards=2)
+    c = worker_group(shards=2)
     for i in range(40):
         c.publish(T, N, S, str(i))
     seen: list[int] = []
@@ -280,14 +272,14 @@ def test_acks_ride_on_the_next_poll(make: Callable[..., felix_redis.Client], mon
 
 
 def test_a_finished_job_is_acked_while_the_loop_long_polls(
-    make: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch
+    worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No next poll comes for a while (the loop waits in a 5 s long poll): the settle
     thread acks the finished job after the linger, and frees its slot."""
     import felix_redis.worker as worker_module
 
     monkeypatch.setattr(worker_module, "ACK_LINGER_S", 0.05)
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, "x")
     w = Worker(c, T, N, S, G, lambda r: None, concurrency=2, poll_wait_s=5, handle_signals=False)
     thread = run_in_thread(w)
@@ -301,10 +293,10 @@ def test_a_finished_job_is_acked_while_the_loop_long_polls(
     thread.join(7)
 
 
-def test_a_poll_that_blows_up_still_gets_its_acks_applied(make: Callable[..., felix_redis.Client]) -> None:
+def test_a_poll_that_blows_up_still_gets_its_acks_applied(worker_group: Callable[..., felix_redis.Client]) -> None:
     """A bug or an interrupt in the poll that was to carry acks: run() raises, and the
     shutdown still acks those jobs (nothing is left to lapse and run twice)."""
-    c = make()
+    c = worker_group()
     for i in range(3):
         c.publish(T, N, S, str(i))
     seen: list[int] = []
@@ -329,15 +321,10 @@ def test_a_poll_that_blows_up_still_gets_its_acks_applied(make: Callable[..., fe
 # -- the asyncio worker
 
 
-@pytest.fixture
-def aclient(make: Callable[..., felix_redis.Client], redis_url: str) -> Iterator[Callable[[], aio.AsyncClient]]:
-    yield lambda: aio.connect(redis_url)
-
-
 def test_async_worker_acks_retries_and_dead_letters(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
 ) -> None:
-    c = make(max_attempts=3)
+    c = worker_group(max_attempts=3)
     for payload in ("ok", "retry", "fatal", "boom"):
         c.publish(T, N, S, payload)
     running = [0, 0]
@@ -370,9 +357,9 @@ def test_async_worker_acks_retries_and_dead_letters(
 
 
 def test_async_worker_cancels_past_the_hard_limit_and_hands_back_on_stop(
-    make: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
 ) -> None:
-    c = make(vt_ms=300)
+    c = worker_group(vt_ms=300)
     c.publish(T, N, S, "stuck")
     cancelled: list[bytes] = []
 
@@ -408,9 +395,9 @@ def test_async_worker_cancels_past_the_hard_limit_and_hands_back_on_stop(
 
 
 def test_cli_worker_burst_with_context_from_the_main_group(
-    make: Callable[..., felix_redis.Client], redis_url: str, monkeypatch: pytest.MonkeyPatch
+    worker_group: Callable[..., felix_redis.Client], redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = make()
+    c = worker_group()
     c.publish(T, N, S, '{}')
     monkeypatch.setenv("WORKER_JOBS_URL", redis_url)
 
@@ -425,8 +412,8 @@ def test_cli_worker_burst_with_context_from_the_main_group(
     assert c.group_describe(T, N, S, G).lag == 0
 
 
-def test_cli_worker_usage_and_operation_errors(make: Callable[..., felix_redis.Client], redis_url: str) -> None:
-    make()
+def test_cli_worker_usage_and_operation_errors(worker_group: Callable[..., felix_redis.Client], redis_url: str) -> None:
+    worker_group()
     runner = CliRunner()
     result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "nope:nothing"])
     assert result.exit_code == 2 and "cannot import nope:nothing" in result.output
@@ -440,8 +427,10 @@ def test_cli_worker_usage_and_operation_errors(make: Callable[..., felix_redis.C
     assert result.exit_code == 2
 
 
-def test_stop_before_run_returns_at_once_and_run_can_be_repeated(make: Callable[..., felix_redis.Client]) -> None:
-    c = make()
+def test_stop_before_run_returns_at_once_and_run_can_be_repeated(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    c = worker_group()
     c.publish(T, N, S, "x")
     seen: list[bytes] = []
     w = Worker(c, T, N, S, G, lambda r: seen.append(r.payload), poll_wait_s=5, handle_signals=False)
