@@ -99,6 +99,17 @@ end
 -- between function calls, like the group key lists; bounded).
 local STREAMS, streams = {}, 0
 
+-- The capability key of a stream role ('stream.publish' -> PREFIXcap:{TAG}:publish),
+-- made once per parsed stream sh.
+local function stream_cap(sh, role)
+  local cap = sh.caps[role]
+  if not cap then
+    cap = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role, 8)
+    sh.caps[role] = cap
+  end
+  return cap
+end
+
 -- Fails with NOPERM unless the user holds role ('stream.publish' or 'stream.admin'), or
 -- else role2 when given, on the stream of KEYS[1]; every key must carry KEYS[1]'s shard tag.
 local function require_stream_role(role, role2)
@@ -118,20 +129,11 @@ local function require_stream_role(role, role2)
       fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. k1)
     end
   end
-  local caps = sh.caps
-  local cap = caps[role]
-  if not cap then
-    cap = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role, 8)
-    caps[role] = cap
-  end
+  local cap = stream_cap(sh, role)
   if redis.acl_check_cmd('EVALSHA', '0', '1', cap) then return end
   local roles, missing = role, cap
   if role2 then
-    local cap2 = caps[role2]
-    if not cap2 then
-      cap2 = sh.prefix .. 'cap:{' .. sh.tag .. '}:' .. s_sub(role2, 8)
-      caps[role2] = cap2
-    end
+    local cap2 = stream_cap(sh, role2)
     if redis.acl_check_cmd('EVALSHA', '0', '1', cap2) then return end
     roles, missing = role .. ' or ' .. role2, cap .. ' or ' .. cap2
   end
