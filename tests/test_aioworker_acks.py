@@ -23,6 +23,10 @@ from felix_redis.errors import FelixError
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
 
+async def noop(record: Record) -> None:
+    """A handler that does nothing."""
+
+
 
 
 class Spy:
@@ -116,12 +120,9 @@ def test_async_a_finished_job_is_acked_while_the_loop_long_polls(
     c = worker_group()
     c.publish(T, N, S, "x")
 
-    async def handler(record: Record) -> None:
-        return None
-
     async def main() -> AsyncWorker:
         async with aclient() as client:
-            w = AsyncWorker(client, T, N, S, G, handler, concurrency=2, poll_wait_s=5, handle_signals=False)
+            w = AsyncWorker(client, T, N, S, G, noop, concurrency=2, poll_wait_s=5, handle_signals=False)
             task = asyncio.create_task(w.run())
             assert await wait_until(lambda: w.stats.processed >= 1, 3)
             assert w.stats.processed == 1 and w.stats.in_flight == 0
@@ -148,12 +149,9 @@ def test_async_a_failed_poll_acks_its_finished_jobs_on_their_own(
     c.publish(T, N, S, "a")
     c.publish(T, N, S, "b")
 
-    async def handler(record: Record) -> None:
-        return None
-
     async def main() -> AsyncWorker:
         async with aclient() as client:
-            w = AsyncWorker(client, T, N, S, G, handler, concurrency=1, poll_wait_s=0.2, handle_signals=False)
+            w = AsyncWorker(client, T, N, S, G, noop, concurrency=1, poll_wait_s=0.2, handle_signals=False)
             task = asyncio.create_task(w.run())
             assert await wait_until(lambda: w.stats.processed >= 2, 5)
             assert spy.separate_acks == [1]  # the failed poll's ack, sent again
@@ -222,12 +220,9 @@ def test_async_cancelled_run_still_acks_the_finished_jobs(
 
     monkeypatch.setattr(aio.AsyncShardedGroup, "poll", slow_poll)
 
-    async def handler(record: Record) -> None:
-        return None
-
     async def main() -> AsyncWorker:
         async with aclient() as client:
-            w = AsyncWorker(client, T, N, S, G, handler, concurrency=1, poll_wait_s=0.2, handle_signals=False)
+            w = AsyncWorker(client, T, N, S, G, noop, concurrency=1, poll_wait_s=0.2, handle_signals=False)
             task = asyncio.create_task(w.run())
             await asyncio.wait_for(carried.wait(), 3)
             task.cancel()
