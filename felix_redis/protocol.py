@@ -1126,9 +1126,7 @@ class Core:
         acks: dict[int, list[int]] = {}
         for shard, refs in (ack or {}).items():
             checked = self.shard_of(name, settings, shard)
-            acks[checked] = acks.get(checked, []) + ack_offsets(refs, checked)
-            if len(acks[checked]) > C.MAX_BATCH:
-                raise InvalidArgument(f"a poll acks at most {C.MAX_BATCH} records of a shard at once")
+            acks[checked] = ack_offsets(refs, checked)
         deadline = time.monotonic() + wait_ms / 1000
         quota = max(1, max_records // shards)
         while True:
