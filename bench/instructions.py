@@ -6,14 +6,16 @@ replies) for the same work done by felix-redis and by raw Redis Streams commands
 - a drain batch: ``group_poll(max_records=B, ack=the previous batch)`` (and, for
   comparison, ``group_poll`` + ``group_ack_many`` as two calls) against
   ``XREADGROUP COUNT B`` + ``XACK``, for each B given;
-- one ``publish`` against one ``XADD``.
+- one ``publish`` against one ``XADD``;
+- with ``--held N``: ``group_poll(16, ack=...)`` while N records stay in flight below the
+  group's position (the acks of later records are then remembered in its done set).
 
 Unlike timings, instruction counts repeat exactly for the same binary and inputs,
 whatever else the machine is doing, so they show what a change to a script costs or
 saves. They are not time: cache misses and the network are not in them (bench/scale.py
 measures server time, the main harness throughput).
 
-    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--out FILE]
+    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--held 100] [--out FILE]
 
 Needs ``valgrind`` and ``redis-server`` on PATH. Prints one JSON document.
 """
@@ -121,7 +123,7 @@ def server() -> Iterator[Callgrind]:
             cg.stop()
 
 
-def measure(batches: list[int], rounds: int, functions: bool = True) -> dict[str, Any]:
+def measure(batches: list[int], rounds: int, functions: bool = True, held_back: tuple[int, ...] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {"redis": None, "batches": rounds, "scripts": "FCALL" if functions else "EVALSHA"}
     with server() as cg:
         raw = redis.Redis.from_url(cg.url)
@@ -176,6 +178,30 @@ def measure(batches: list[int], rounds: int, functions: bool = True) -> dict[str
                 "felix_separate_acks_per_batch": round(separate),
                 "felix_separate_acks_over_raw": round(separate / floor, 2),
             }
+        for n in held_back:
+            # poll(16, ack=...) while n records stay in flight below the group's position
+            stream = f"held{n}"
+            client.stream_create(T, N, stream)
+            client.group_create(T, N, stream, G)
+            total = n + 16 * (rounds + 10)
+            for start in range(0, total, 5000):
+                client.publish_batch(T, N, stream, [PAYLOAD] * min(5000, total - start), shard=0)
+            kept = 0
+            while kept < n:
+                kept += len(client.group_poll(T, N, stream, 0, G, max_records=min(1000, n - kept)))
+            last: list[Any] = []
+
+            def held_batch(stream: str = stream, last: list[Any] = last) -> None:
+                last[:] = client.group_poll(T, N, stream, 0, G, max_records=16, ack=last)
+
+            for _ in range(5):
+                held_batch()
+            count = cg.count(repeat(held_batch, rounds)) / rounds
+            plain = out.get("drain_batch_16", {}).get("felix_per_batch")
+            out[f"held_back_{n}"] = {
+                "felix_per_batch": round(count),
+                "over_none_held": round(count / plain, 3) if plain else None,
+            }
         client.stream_create(T, N, "pub")
         publishes = rounds * 3
         felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes))
@@ -193,12 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, action="append", help="records per poll (repeatable; 16 and 64)")
     parser.add_argument("--batches", type=int, default=100, help="batches counted per figure")
     parser.add_argument("--evalsha", action="store_true", help="run the scripts by EVALSHA, not as functions")
+    parser.add_argument("--held", type=int, action="append", default=[],
+                        help="also count poll(16, ack=...) with this many records in flight below the "
+                             "position (repeatable; compared with the 16-record batch)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not on PATH")
-    emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha), args.out)
+    emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha, held_back=tuple(args.held)),
+         args.out)
     return 0
 
 

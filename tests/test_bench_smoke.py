@@ -154,7 +154,8 @@ def test_chart_drawn_when_matplotlib_present(tmp_path: Path) -> None:
 def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     """bench/instructions.py (redis-server under callgrind) with tiny numbers."""
     out = tmp_path / "instructions.json"
-    cmd = [sys.executable, "bench/instructions.py", "--batch", "4", "--batches", "3", "--out", str(out)]
+    cmd = [sys.executable, "bench/instructions.py", "--batch", "4", "--batches", "3", "--held", "8",
+           "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -163,3 +164,5 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     for part, per in (("drain_batch_4", "per_batch"), ("publish", "per_call")):
         assert data[part][f"felix_{per}"] > 0 and data[part][f"raw_{per}"] > 0
         assert data[part]["felix_over_raw"] > 0
+    # no 16-record batch was counted here to compare with: the held-back figure stands alone
+    assert data["held_back_8"]["felix_per_batch"] > 0 and data["held_back_8"]["over_none_held"] is None
