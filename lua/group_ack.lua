@@ -28,6 +28,6 @@ if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets
 local ms = offset_args(1)
 local K = group_keys()
 local S = load_group(K)
-local out = ack_many(K, S, ms)
+local out = ack_many(K, S, ms, true)
 save_group(K, S)
 return out

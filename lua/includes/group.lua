@@ -57,15 +57,16 @@ local function check_types(K)
   for _, role in ipairs(OTHER_ROLES) do check_type(K, role) end
 end
 
--- redis.call(cmd, key, prefix..., members...) in chunks (Lua's unpack has a limit);
--- returns the replies' sum (integer replies) or their concatenation (array replies).
+-- redis.call(cmd, key, members...) in chunks (Lua's unpack has a limit); returns the
+-- replies' sum (integer replies) or their concatenation (array replies). The members
+-- are unpacked in place: no argument list is copied.
 local CHUNK = 1000
-local function call_many(cmd, key, members, ...)
+local function call_many(cmd, key, members)
+  local n = #members
+  if n <= CHUNK then return redis.call(cmd, key, unpack(members, 1, n)) end
   local total, parts = 0, nil
-  for i = 1, #members, CHUNK do
-    local args = {...}
-    for j = i, math.min(i + CHUNK - 1, #members) do args[#args + 1] = members[j] end
-    local r = redis.call(cmd, key, unpack(args))
+  for i = 1, n, CHUNK do
+    local r = redis.call(cmd, key, unpack(members, i, math.min(i + CHUNK - 1, n)))
     if type(r) == 'table' then
       parts = parts or {}
       for _, v in ipairs(r) do parts[#parts + 1] = v end
@@ -142,15 +143,36 @@ local function release_owner(K, S, m)
   end
 end
 
+-- Moves S.pos over the finished records the done set holds from S.pos on, taking them
+-- out of it. One SREM answers the usual case (the record at the position is not
+-- finished); a longer run is looked up in chunks (SMISMEMBER), so a position that
+-- passes thousands of records finished while one slow record held it back costs a few
+-- commands, not one per record.
+local function advance_done(K, S)
+  if redis.call('SREM', K.done, fmt(S.pos)) == 0 then return end
+  local p, size = S.pos + 1, 64
+  while true do
+    local ms = {}
+    for i = 1, size do ms[i] = fmt(p + i - 1) end
+    local found = redis.call('SMISMEMBER', K.done, unpack(ms))
+    local run = 0
+    while run < size and found[run + 1] == 1 do run = run + 1 end
+    if run > 0 then redis.call('SREM', K.done, unpack(ms, 1, run)) end
+    p = p + run
+    if run < size then break end
+    if size < 1000 then size = math.min(size * 4, 1000) end
+  end
+  S.pos = p
+end
+
 -- Marks offset off finished for the position: advance over a contiguous run, or
 -- remember it above the position, or (below the position) drop its redrive mark.
 local function mark_done(K, S, off)
   if off < S.pos then
     redis.call('ZREM', K.redo, fmt(off))
   elseif off == S.pos then
-    local p = off + 1
-    while redis.call('SREM', K.done, fmt(p)) == 1 do p = p + 1 end
-    S.pos = p
+    S.pos = off + 1
+    advance_done(K, S)
     S.dirty = true
   else
     redis.call('SADD', K.done, fmt(off))
@@ -196,6 +218,12 @@ local function finish_many(K, S, ms, offs, aligned)
   end
   local below, above = {}, {}
   local start_pos = S.pos
+  local n = #offs
+  if aligned and offs[1] == start_pos and offs[n] == start_pos + n - 1 then
+    -- ascending and without repeats: a contiguous run from the position (in-order acks)
+    offs = {}
+    S.pos = start_pos + n
+  end
   for i, off in ipairs(offs) do
     if off < start_pos then
       below[#below + 1] = aligned and ms[i] or fmt(off)
@@ -209,17 +237,31 @@ local function finish_many(K, S, ms, offs, aligned)
   if #above > 0 then call_many('SADD', K.done, above); K.types.done = 'set' end
   if S.pos ~= start_pos then
     if K.types.done ~= 'none' then
-      while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+      advance_done(K, S)
     end
     S.dirty = true
   end
 end
 
 -- The offsets ARGV[from..] as canonical decimal members (the form the zsets, hashes and
--- sets hold); fails INVALID on anything that is not an offset. Writes nothing.
+-- sets hold); fails INVALID on anything that is not an offset. Writes nothing. The
+-- usual list (canonical offsets of at most 15 digits) is checked in one pass over the
+-- list joined by commas; anything else takes the argument-by-argument path.
 local function offset_args(from)
+  local last = #ARGV
+  if last - from < 7000 then
+    local all = table.concat(ARGV, ',', from, last)
+    -- only digits and the joining commas (an item holding a comma has the list
+    -- counted wrong), no empty item, no leading zero, no item over 15 digits
+    if not s_find(all, '[^%d,]') and not s_find(all, ',,', 1, true) and s_byte(all, 1) ~= 44
+        and s_byte(all, -1) ~= 44 and not s_find(all, '^0%d') and not s_find(all, ',0%d')
+        and not s_find(all, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d')
+        and select(2, string.gsub(all, ',', ',')) == last - from then
+      return {unpack(ARGV, from, last)}
+    end
+  end
   local ms, n = {}, 0
-  for i = from, #ARGV do
+  for i = from, last do
     local v = ARGV[i]
     -- members are canonical decimal strings; anything else takes the checking path
     if #v > 15 or not s_find(v, '^%d+$') or (#v > 1 and s_byte(v, 1) == 48) then
@@ -235,23 +277,34 @@ end
 -- behind and the position advances over any contiguous run of finished records. Acking
 -- a finished record changes nothing; acking a stale claim whose record is unfinished
 -- (owed, or in flight under a newer lease) finishes it. Fails NOT_FOUND, before its
--- first write, when an offset was never delivered. Returns one status per member: 1
--- acked now, 0 already finished (or repeated in ms). The caller saves S (save_group).
-local function ack_many(K, S, ms)
-  local uniq, first, offs = {}, {}, {}
-  local ascending, last = true, -1
-  for i, m in ipairs(ms) do
-    local off = tonumber(m)
-    if off >= S.next then
-      fail('NOT_FOUND', 'record ' .. m .. ' has not been delivered to this group (next is ' .. fmt(S.next) .. ')')
+-- first write, when an offset was never delivered. With statuses, returns one status
+-- per member: 1 acked now, 0 already finished (or repeated in ms). The caller saves S
+-- (save_group).
+local function ack_many(K, S, ms, statuses)
+  -- offsets in strictly ascending order (a poll's records usually are) repeat none: no
+  -- table of the members seen is needed
+  local offs, n = {}, #ms
+  local ascending, last, next_off = true, -1, S.next
+  for i = 1, n do
+    local off = tonumber(ms[i])
+    if off >= next_off then
+      fail('NOT_FOUND', 'record ' .. ms[i] .. ' has not been delivered to this group (next is ' .. fmt(next_off) .. ')')
     end
-    if not first[m] then
-      first[m] = i
-      uniq[#uniq + 1] = m
-      offs[#offs + 1] = off
-      if off < last then ascending = false end
-      last = off
+    if off <= last then ascending = false end
+    offs[i], last = off, off
+  end
+  local uniq, first = ms, nil
+  if not ascending then
+    uniq, first, offs = {}, {}, {}
+    for i = 1, n do
+      local m = ms[i]
+      if not first[m] then
+        first[m] = i
+        uniq[#uniq + 1] = m
+        offs[#offs + 1] = tonumber(m)
+      end
     end
+    table.sort(offs)
   end
   -- unfinished = in flight (lease) or owed; anything else delivered is finished already
   local unfinished = uniq
@@ -260,10 +313,11 @@ local function ack_many(K, S, ms)
     removed = call_many('ZREM', K.lease, uniq)
     if removed > 0 then S.unleased = true end
   end
+  local finished = nil
   if removed < #uniq then
     -- some were owed or finished: tell them apart. The done set and the redo marks are
     -- untouched so far, so is_finished still answers for the state before this ack.
-    unfinished = {}
+    unfinished, finished = {}, {}
     local owed, owed_scores = {}, {}
     if K.types.owed ~= 'none' then owed_scores = call_many('ZMSCORE', K.owed, uniq) end
     for j, m in ipairs(uniq) do
@@ -273,16 +327,21 @@ local function ack_many(K, S, ms)
       elseif not is_finished(K, S, m, tonumber(m)) then
         unfinished[#unfinished + 1] = m
       else
-        first[m] = false
+        finished[m] = true
       end
     end
     if #owed > 0 then call_many('ZREM', K.owed, owed) end
   end
-  local out = {}
-  for i, m in ipairs(ms) do out[i] = first[m] == i and 1 or 0 end
+  local out = nil
+  if statuses then
+    out = {}
+    for i, m in ipairs(ms) do
+      out[i] = ((not first or first[m] == i) and not (finished and finished[m])) and 1 or 0
+    end
+  end
   if #unfinished > 0 then
-    -- offsets in order (acks of a poll's records usually are) need no sort
-    if unfinished ~= uniq then offs = nil elseif not ascending then table.sort(offs) end
+    -- in order (uniq itself, all unfinished): offs lines up with the members
+    if unfinished ~= uniq then offs = nil end
     finish_many(K, S, unfinished, offs, offs and ascending)
   end
   return out
@@ -299,7 +358,7 @@ local function skip_trimmed(K, S, a, b)
   if a == S.pos then
     -- nothing unfinished before them: the position jumps over the whole run
     S.pos = b + 1
-    while redis.call('SREM', K.done, fmt(S.pos)) == 1 do S.pos = S.pos + 1 end
+    advance_done(K, S)
   else
     for off = a, b do mark_done(K, S, off) end
   end

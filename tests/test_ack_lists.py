@@ -1,0 +1,148 @@
+"""The scripts' ack lists and the position's walk over finished records.
+
+``group_ack`` and ``group_poll`` check a list of canonical offsets in one pass over the
+list joined by commas and fall back to checking each argument on anything else; acks
+in strictly ascending order skip the table of members seen. These tests send argument
+lists straight to the scripts (as a client of another language would) and check that
+every shape gives the answer the argument-by-argument path gives, and that bad input
+changes nothing. The position, held back by one record while thousands after it were
+finished, passes them all in a few commands once that record is acked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+import felix_redis
+from felix_redis import InvalidArgument, NotFound, scripts
+from tests.conftest import dump_keyspace
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def keys(client: felix_redis.Client) -> list[str]:
+    name = client.core.name(T, N, S)
+    return [*name.shard_keys(0), *name.group_keys(0, G)]
+
+
+def fcall(raw: redis.Redis, script: str, ks: list[str], args: list[Any]) -> Any:
+    return raw.fcall(scripts.library().functions[script], len(ks), *ks, *args)
+
+
+def position(client: felix_redis.Client) -> int:
+    return client.group_describe(T, N, S, G).shards[0].position
+
+
+@pytest.fixture
+def delivered(redis_client: felix_redis.Client) -> felix_redis.Client:
+    """20 records, all delivered to G and in flight."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    redis_client.publish_batch(T, N, S, [f"r{i}".encode() for i in range(20)], shard=0)
+    assert len(redis_client.group_poll(T, N, S, 0, G, max_records=20)) == 20
+    return redis_client
+
+
+@pytest.mark.parametrize(
+    ("args", "statuses", "pos"),
+    [
+        (["0", "1", "2"], [1, 1, 1], 3),  # in order from the position: the run path
+        (["2", "1", "0"], [1, 1, 1], 3),  # descending: sorted
+        (["3", "3", "0"], [1, 0, 1], 1),  # a repeat counts once
+        (["5", "7"], [1, 1], 0),  # above the position: remembered as finished
+        (["00", "01"], [1, 1], 2),  # not canonical: the argument-by-argument path reads 0 and 1
+    ],
+)
+def test_ack_lists_of_every_shape(delivered: felix_redis.Client, raw: redis.Redis, args: list[str],
+                                  statuses: list[int], pos: int) -> None:
+    assert fcall(raw, "group_ack", keys(delivered), args) == statuses
+    assert position(delivered) == pos
+    # acking the same list again finds every record finished
+    assert fcall(raw, "group_ack", keys(delivered), args) == [0] * len(args)
+
+
+@pytest.mark.parametrize("bad", [["1,2"], ["1", ""], [""], ["-1"], ["+2"], ["1 "], ["x"], ["1", "1e3"], ["0x1"]])
+def test_bad_ack_lists_are_refused_and_change_nothing(delivered: felix_redis.Client, raw: redis.Redis,
+                                                     bad: list[str]) -> None:
+    before = dump_keyspace(raw)
+    with pytest.raises(redis.ResponseError, match="FELIX_INVALID offset must be"):
+        fcall(raw, "group_ack", keys(delivered), ["0", *bad])
+    with pytest.raises(redis.ResponseError, match="FELIX_INVALID offset must be"):
+        fcall(raw, "group_poll", keys(delivered), ["1", "", "0", "0", *bad])
+    assert dump_keyspace(raw) == before
+
+
+def test_an_ack_of_an_offset_never_delivered_changes_nothing(delivered: felix_redis.Client,
+                                                           raw: redis.Redis) -> None:
+    before = dump_keyspace(raw)
+    for big in ["20", "999999999999999", "4503599627370496"]:  # next, 15 digits, 16 digits
+        with pytest.raises(redis.ResponseError, match=f"FELIX_NOT_FOUND record {big} has not been delivered"):
+            fcall(raw, "group_ack", keys(delivered), ["0", "1", big])
+    with pytest.raises(redis.ResponseError, match="FELIX_INVALID offset must be between"):
+        fcall(raw, "group_ack", keys(delivered), ["0", "4503599627370497"])
+    assert dump_keyspace(raw) == before
+    # the client refuses the same before sending
+    with pytest.raises(NotFound):
+        delivered.group_ack_many(T, N, S, 0, G, [0, 20])
+    with pytest.raises(InvalidArgument):
+        delivered.group_ack_many(T, N, S, 0, G, [0, -1])
+
+
+def test_position_walks_a_long_finished_run(client: felix_redis.Client) -> None:
+    """Records finished while the one at the position is held back are remembered; when
+    it is acked, the position passes them all and the group keeps nothing of them."""
+    total = 3000
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"x"] * total, shard=0)
+    records = []
+    while len(records) < total:
+        records += client.group_poll(T, N, S, 0, G, max_records=1000)
+    # out of order: the later half first, then the earlier, the first record held back
+    assert all(client.group_ack_many(T, N, S, 0, G, records[1500:]))
+    assert all(client.group_ack_many(T, N, S, 0, G, records[1:1500]))
+    info = client.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight) == (0, 1)
+    assert client.group_ack_many(T, N, S, 0, G, records[:1]) == [True]
+    info = client.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight, info.lag) == (total, 0, 0)
+    done = client.group_keys(T, N, S, G)[0]["done"]
+    assert not client.redis.exists(done)
+
+
+def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: felix_redis.Client,
+                                                              raw: redis.Redis) -> None:
+    total = 5000
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    redis_client.publish_batch(T, N, S, [b"x"] * total, shard=0)
+    records = []
+    while len(records) < total:
+        records += redis_client.group_poll(T, N, S, 0, G, max_records=1000)
+    redis_client.group_ack_many(T, N, S, 0, G, records[1:])
+    raw.config_resetstat()
+    assert redis_client.group_poll(T, N, S, 0, G, ack=records[:1]) == []
+    stats = raw.info("commandstats")
+    assert position(redis_client) == total
+    # 4999 records passed: one SREM for the first, then chunks of 64, 256 and 1000
+    assert stats["cmdstat_srem"]["calls"] <= 10
+    assert stats["cmdstat_smismember"]["calls"] <= 10
+
+
+def test_position_walk_stops_at_the_first_unfinished_record(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"x"] * 2000, shard=0)
+    records = []
+    while len(records) < 2000:
+        records += client.group_poll(T, N, S, 0, G, max_records=1000)
+    # everything but 0 and 1500 finished: acking 0 moves the position to 1500, not past it
+    client.group_ack_many(T, N, S, 0, G, records[1:1500] + records[1501:])
+    client.group_ack_many(T, N, S, 0, G, records[:1])
+    info = client.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight) == (1500, 1)
+    client.group_ack_many(T, N, S, 0, G, records[1500:1501])
+    info = client.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight, info.lag) == (2000, 0, 0)
