@@ -25,9 +25,9 @@
 --- @include "group"
 require_group_role('group.consume')
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
-local ms = offset_args(1)
+local ms, offs = offset_args(1)
 local K = group_keys()
 local S = load_group(K)
-local out = ack_many(K, S, ms, true)
+local out = ack_many(K, S, ms, offs, true)
 save_group(K, S)
 return out

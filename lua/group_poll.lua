@@ -35,14 +35,15 @@ require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'
 if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
-local acks = #ARGV > 3 and offset_args(4)
+local acks, ack_offs = nil, nil
+if #ARGV > 3 then acks, ack_offs = offset_args(4) end
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
 
 -- 0. Acks, exactly as group_ack would: the records the caller finished leave before
 -- new ones are leased.
-if acks then ack_many(K, S, acks) end
+if acks then ack_many(K, S, acks, ack_offs) end
 
 -- 1. Reclaim: this consumer's in-flight records become owed, due before everything else.
 local reclaimed = false

@@ -1,7 +1,8 @@
 """The scripts' ack lists and the position's walk over finished records.
 
-``group_ack`` and ``group_poll`` check a list of canonical offsets in one pass over the
-list joined by commas and fall back to checking each argument on anything else; acks
+``group_ack`` and ``group_poll`` take an argument as an offset when ``tonumber`` reads a
+whole number with as many digits as the argument has characters and the list holds no
+exponent or hex letter, and check each argument on anything else; acks
 in strictly ascending order skip the table of members seen. These tests send argument
 lists straight to the scripts (as a client of another language would) and check that
 every shape gives the answer the argument-by-argument path gives, and that bad input
@@ -53,6 +54,7 @@ def delivered(redis_client: felix_redis.Client) -> felix_redis.Client:
         (["3", "3", "0"], [1, 0, 1], 1),  # a repeat counts once
         (["5", "7"], [1, 1], 0),  # above the position: remembered as finished
         (["00", "01"], [1, 1], 2),  # not canonical: the argument-by-argument path reads 0 and 1
+        (["-0", "1"], [1, 1], 2),  # likewise (int_arg reads -0 as 0)
     ],
 )
 def test_ack_lists_of_every_shape(delivered: felix_redis.Client, raw: redis.Redis, args: list[str],
@@ -63,7 +65,10 @@ def test_ack_lists_of_every_shape(delivered: felix_redis.Client, raw: redis.Redi
     assert fcall(raw, "group_ack", keys(delivered), args) == [0] * len(args)
 
 
-@pytest.mark.parametrize("bad", [["1,2"], ["1", ""], [""], ["-1"], ["+2"], ["1 "], ["x"], ["1", "1e3"], ["0x1"]])
+@pytest.mark.parametrize("bad", [
+    ["1,2"], ["1", ""], [""], ["-1"], ["+2"], ["1 "], [" 12"], ["x"], ["1", "1e3"], ["1e2"], ["12e2"],
+    ["1E2"], ["0x1"], ["0xFFFFF"], ["inf"], ["nan"], ["1.0"], ["1.5"],
+])
 def test_bad_ack_lists_are_refused_and_change_nothing(delivered: felix_redis.Client, raw: redis.Redis,
                                                      bad: list[str]) -> None:
     before = dump_keyspace(raw)

@@ -243,55 +243,69 @@ local function finish_many(K, S, ms, offs, aligned)
   end
 end
 
+-- 10^k for k = 0..16: an integer x is written with exactly d digits when
+-- POW10[d - 1] <= x < POW10[d] (d > 1) or x < 10 (d = 1).
+local POW10 = {}
+for k = 0, 16 do POW10[k] = 10 ^ k end
+
 -- The offsets ARGV[from..] as canonical decimal members (the form the zsets, hashes and
--- sets hold); fails INVALID on anything that is not an offset. Writes nothing. The
--- usual list (canonical offsets of at most 15 digits) is checked in one pass over the
--- list joined by commas; anything else takes the argument-by-argument path.
+-- sets hold) and as numbers: ms, offs. Fails INVALID on anything that is not an offset;
+-- writes nothing. An argument is taken as it is when tonumber reads a whole number
+-- with as many digits as the argument has characters (no sign, space, point or leading
+-- zero) and the list holds no exponent or hex letter (one plain search over it all);
+-- anything else takes the checking path, which also reads '01' as 1.
 local function offset_args(from)
   local last = #ARGV
-  if last - from < 7000 then
-    local all = table.concat(ARGV, ',', from, last)
-    -- only digits and the joining commas (an item holding a comma has the list
-    -- counted wrong), no empty item, no leading zero, no item over 15 digits
-    if not s_find(all, '[^%d,]') and not s_find(all, ',,', 1, true) and s_byte(all, 1) ~= 44
-        and s_byte(all, -1) ~= 44 and not s_find(all, '^0%d') and not s_find(all, ',0%d')
-        and not s_find(all, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d')
-        and select(2, string.gsub(all, ',', ',')) == last - from then
-      return {unpack(ARGV, from, last)}
+  local ms, offs, n = {}, {}, 0
+  local quick = last - from < 7000
+  if quick then
+    local all = table.concat(ARGV, '', from, last)
+    quick = not (s_find(all, 'e', 1, true) or s_find(all, 'E', 1, true) or s_find(all, 'x', 1, true)
+      or s_find(all, 'X', 1, true))
+  end
+  if quick then
+    for i = from, last do
+      local v = ARGV[i]
+      local x, d = tonumber(v), #v
+      if not x or x < 0 or x % 1 ~= 0 or d > 15 or x >= POW10[d] or (d > 1 and x < POW10[d - 1]) then
+        quick = false
+        break
+      end
+      n = n + 1
+      ms[n], offs[n] = v, x
     end
   end
-  local ms, n = {}, 0
-  for i = from, last do
-    local v = ARGV[i]
-    -- members are canonical decimal strings; anything else takes the checking path
-    if #v > 15 or not s_find(v, '^%d+$') or (#v > 1 and s_byte(v, 1) == 48) then
-      v = fmt(int_arg(v, 'offset', 0, 2 ^ 52))
+  if not quick then
+    ms, offs, n = {}, {}, 0
+    for i = from, last do
+      local v = ARGV[i]
+      local x = int_arg(v, 'offset', 0, 2 ^ 52)
+      n = n + 1
+      ms[n], offs[n] = fmt(x), x
     end
-    n = n + 1
-    ms[n] = v
   end
-  return ms
+  return ms, offs
 end
 
--- Acks the delivered records ms (members from offset_args): each leaves no group state
+-- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state
 -- behind and the position advances over any contiguous run of finished records. Acking
 -- a finished record changes nothing; acking a stale claim whose record is unfinished
 -- (owed, or in flight under a newer lease) finishes it. Fails NOT_FOUND, before its
 -- first write, when an offset was never delivered. With statuses, returns one status
 -- per member: 1 acked now, 0 already finished (or repeated in ms). The caller saves S
 -- (save_group).
-local function ack_many(K, S, ms, statuses)
+local function ack_many(K, S, ms, offs, statuses)
   -- offsets in strictly ascending order (a poll's records usually are) repeat none: no
   -- table of the members seen is needed
-  local offs, n = {}, #ms
+  local n = #ms
   local ascending, last, next_off = true, -1, S.next
   for i = 1, n do
-    local off = tonumber(ms[i])
+    local off = offs[i]
     if off >= next_off then
       fail('NOT_FOUND', 'record ' .. ms[i] .. ' has not been delivered to this group (next is ' .. fmt(next_off) .. ')')
     end
     if off <= last then ascending = false end
-    offs[i], last = off, off
+    last = off
   end
   local uniq, first = ms, nil
   if not ascending then
