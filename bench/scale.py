@@ -7,6 +7,10 @@
 - the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere,
   next to raw XREADGROUP + XACK with 10,000 entries pending elsewhere.
 
+Figures that compare server times measure their parts in alternating steps (a few
+dozen polls each, the server time of each step read from INFO commandstats before and
+after it), so that other load on the machine falls on every part alike.
+
     python bench/scale.py [--backlog 1000000] [--out bench/results/scale.json]
 
 Prints one JSON document. Every figure is measured in this run; nothing is assumed.
@@ -18,6 +22,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -56,24 +61,84 @@ def drain_rate(client: felix_redis.Client, stream: str, jobs: int, separate: boo
     return jobs / (time.perf_counter() - start)
 
 
-def script_usec(raw: redis.Redis) -> float:
-    """Server time (usec) in felix-redis scripts: functions (FCALL) or EVALSHA."""
+SCRIPTS = ("fcall", "evalsha")  # felix-redis scripts: functions, else EVALSHA
+RAW = ("xreadgroup", "xack")
+
+
+def server_usec(raw: redis.Redis, commands: tuple[str, ...]) -> float:
+    """Server time (usec, INFO commandstats) spent so far in ``commands``."""
     stats = raw.info("commandstats")
-    return float(sum(stats.get(f"cmdstat_{cmd}", {}).get("usec", 0) for cmd in ("fcall", "evalsha")))
+    return float(sum(stats.get(f"cmdstat_{cmd}", {}).get("usec", 0) for cmd in commands))
 
 
-def measure(backlog: int) -> dict[str, Any]:
+def alternate(raw: redis.Redis, parts: dict[str, tuple[tuple[str, ...], Callable[[], int]]],
+              rounds: int) -> dict[str, tuple[float, int]]:
+    """Runs the parts' steps in turn, ``rounds`` times, so that load on the shared
+    machine falls on all of them alike; returns each part's server time (usec, the
+    commands it names) and the jobs its steps reported."""
+    spent = {name: [0.0, 0] for name in parts}
+    for _ in range(rounds):
+        for name, (commands, step) in parts.items():
+            before = server_usec(raw, commands)
+            jobs = step()
+            spent[name][0] += server_usec(raw, commands) - before
+            spent[name][1] += jobs
+    return {name: (usec, jobs) for name, (usec, jobs) in spent.items()}
+
+
+def felix_steps(client: felix_redis.Client, stream: str, group: str, batch: int, polls: int,
+                separate: bool = False, last: list[Any] | None = None) -> Callable[[], int]:
+    """A step: ``polls`` polls of ``batch`` records, each acking the previous batch
+    (``separate``: acking its own batch in a call of its own); returns the jobs polled.
+    ``last`` holds the batch still to ack between steps."""
+    last = [] if last is None else last
+
+    def step() -> int:
+        done = 0
+        for _ in range(polls):
+            if separate:
+                records = client.group_poll(T, N, stream, 0, group, max_records=batch)
+                client.group_ack_many(T, N, stream, 0, group, records)
+            else:
+                last[:] = client.group_poll(T, N, stream, 0, group, max_records=batch, ack=last)
+                records = last
+            done += len(records)
+        return done
+
+    return step
+
+
+def raw_steps(raw: redis.Redis, key: str, batch: int, polls: int) -> Callable[[], int]:
+    """A step: ``polls`` times XREADGROUP COUNT ``batch`` + XACK of what it read."""
+    def step() -> int:
+        done = 0
+        for _ in range(polls):
+            reply = raw.xreadgroup("g", "c", {key: ">"}, count=batch)
+            ids = [entry[0] for entry in reply[0][1]] if reply else []
+            if ids:
+                raw.xack(key, "g", *ids)
+            done += len(ids)
+        return done
+
+    return step
+
+
+def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 100_000, held: int = 10_000,
+            polls: int = 200) -> dict[str, Any]:
+    """The figures, for a ``backlog`` against a ``small`` one; memory and CPU over ``jobs``
+    records; poll cost with ``dead`` dead letters and ``held`` records in flight, over
+    ``polls`` polls (the defaults are the issue's; the test suite runs tiny ones)."""
     out: dict[str, Any] = {"redis": None}
     with RedisServer() as server:
         raw = redis.Redis.from_url(server.url)
         out["redis"] = raw.info("server")["redis_version"]
         client = felix_redis.connect(server.url)
-        measure_jobs = 20_000
+        measure_jobs = min(20_000, jobs // 5 * 5)
 
         # drain rate behind a small and a large backlog: both streams exist at once and
         # are drained in alternating chunks, so load on the shared machine falls on both
         rounds, chunk = 5, measure_jobs // 5
-        sizes = {"backlog_10k": 10_000 + measure_jobs + 2_000, "backlog_large": backlog + measure_jobs + 2_000}
+        sizes = {"backlog_10k": small + measure_jobs + 2_000, "backlog_large": backlog + measure_jobs + 2_000}
         for name, size in sizes.items():
             client.stream_create(T, N, name)
             client.group_create(T, N, name, "g")
@@ -88,11 +153,11 @@ def measure(backlog: int) -> dict[str, Any]:
             client.stream_delete(T, N, name)
         out["drain_rate_10k_backlog"] = rates["backlog_10k"]
         out["drain_rate_large_backlog"] = rates["backlog_large"]
+        out["small_backlog"] = small
         out["large_backlog"] = backlog
         out["large_over_small"] = round(rates["backlog_large"] / rates["backlog_10k"], 3)
 
         # memory per waiting job: felix log vs a raw stream of the same payloads
-        jobs = 100_000
         client.stream_create(T, N, "mem")
         client.group_create(T, N, "mem", "g")
         publish(client, "mem", jobs)
@@ -115,88 +180,73 @@ def measure(backlog: int) -> dict[str, Any]:
         out["raw_bytes_per_entry"] = round(raw_log / jobs, 1)
         out["waiting_job_over_raw_entry"] = round(felix_log / raw_log, 3)
 
-        # server CPU per job: felix poll+ack vs raw XREADGROUP COUNT 64 + XACK; the acks
-        # ride on the polls (the fast path), and for comparison in calls of their own
-        raw.config_resetstat()
-        drain_rate(client, "mem", jobs)
-        felix_usec = script_usec(raw) / jobs
-        out["group_bytes_left_per_finished_job"] = round((group_bytes() - before) / jobs, 3)
+        # server CPU per job: felix poll+ack vs raw XREADGROUP COUNT 64 + XACK, in
+        # alternating steps of 20 batches; the acks ride on the polls (the fast path),
+        # and for comparison (group g2) go in calls of their own
         client.group_create(T, N, "mem", "g2", start="earliest")
-        raw.config_resetstat()
-        done = 0
-        while done < jobs:
-            records = client.group_poll(T, N, "mem", 0, "g2", max_records=64)
-            client.group_ack_many(T, N, "mem", 0, "g2", records)
-            done += len(records)
-        separate_usec = script_usec(raw) / jobs
         raw.xgroup_create("raw:mem", "g", id="0")
-        raw.config_resetstat()
-        done = 0
-        while done < jobs:
-            reply = raw.xreadgroup("g", "c", {"raw:mem": ">"}, count=64)
-            ids = [entry[0] for entry in reply[0][1]]
-            raw.xack("raw:mem", "g", *ids)
-            done += len(ids)
-        stats = raw.info("commandstats")
-        raw_usec = (stats["cmdstat_xreadgroup"]["usec"] + stats["cmdstat_xack"]["usec"]) / jobs
+        rounds = max(1, jobs // (64 * 20) - 2)
+        unacked: list[Any] = []
+        cpu = alternate(raw, {
+            "felix": (SCRIPTS, felix_steps(client, "mem", "g", 64, 20, last=unacked)),
+            "separate": (SCRIPTS, felix_steps(client, "mem", "g2", 64, 20, separate=True)),
+            "raw": (RAW, raw_steps(raw, "raw:mem", 64, 20)),
+        }, rounds)
+        felix_usec, separate_usec, raw_usec = (cpu[k][0] / cpu[k][1] for k in ("felix", "separate", "raw"))
+        out["cpu_jobs_per_part"] = cpu["felix"][1]
+        # the rest of g, and its last batch's acks: the group must keep nothing of them
+        client.group_ack_many(T, N, "mem", 0, "g", unacked)
+        drain_rate(client, "mem", jobs - cpu["felix"][1])
+        out["group_bytes_left_per_finished_job"] = round((group_bytes() - before) / jobs, 3)
         out["redis_usec_per_job"] = round(felix_usec, 3)
         out["raw_redis_usec_per_job"] = round(raw_usec, 3)
         out["redis_cpu_over_raw"] = round(felix_usec / raw_usec, 2)
         out["redis_usec_per_job_separate_acks"] = round(separate_usec, 3)
         out["redis_cpu_over_raw_separate_acks"] = round(separate_usec / raw_usec, 2)
 
-        # poll cost with many dead letters and many records in flight elsewhere
-        client.stream_create(T, N, "cost")
-        client.group_create(T, N, "cost", "g", max_attempts=1)
-
-        def poll_usec(samples: int = 200) -> float:
-            raw.config_resetstat()
-            records: list[felix_redis.Record] = []
-            for _ in range(samples):
-                records = client.group_poll(T, N, "cost", 0, "g", max_records=16, ack=records)
-            usec = script_usec(raw) / samples
-            client.group_ack_many(T, N, "cost", 0, "g", records)
-            return usec
-
-        publish(client, "cost", 200 * 16)
-        out["poll_ack_usec_plain"] = round(poll_usec(), 1)
-        publish(client, "cost", 100_000 + 10_000 + 200 * 16)
+        # poll cost with many dead letters and many records in flight elsewhere, against
+        # the same poll on a stream without them; raw Streams likewise (10,000 entries
+        # pending for another consumer: its PEL, like felix's leases, is a sorted
+        # index). The four are measured in alternating steps of 10 polls.
+        steps = 20
+        for stream in ("cost", "plain"):
+            client.stream_create(T, N, stream)
+            client.group_create(T, N, stream, "g", max_attempts=1)
+        publish(client, "plain", polls * 16 + 16)
+        publish(client, "cost", dead + held + polls * 16 + 16)
         done = 0
-        while done < 100_000:  # 100,000 dead letters: a nack at max_attempts=1 dead-letters
-            records = client.group_poll(T, N, "cost", 0, "g", max_records=min(1000, 100_000 - done))
+        while done < dead:  # dead letters: a nack at max_attempts=1 dead-letters
+            records = client.group_poll(T, N, "cost", 0, "g", max_records=min(1000, dead - done))
             for r in records:
                 client.group_nack(T, N, "cost", 0, "g", r)
             done += len(records)
-        held = 0
-        while held < 10_000:  # 10,000 in flight under other leases
-            held += len(client.group_poll(T, N, "cost", 0, "g", max_records=1000))
+        kept = 0
+        while kept < held:  # in flight under other leases
+            kept += len(client.group_poll(T, N, "cost", 0, "g", max_records=min(1000, held - kept)))
         info = client.group_describe(T, N, "cost", "g").shards[0]
         out["dead_letters"] = info.dead
         out["in_flight_elsewhere"] = info.in_flight
-        out["poll_ack_usec_with_dead_and_in_flight"] = round(poll_usec(), 1)
-        out["poll_cost_ratio"] = round(out["poll_ack_usec_with_dead_and_in_flight"] / out["poll_ack_usec_plain"], 2)
-
-        # the same for raw Streams: XREADGROUP COUNT 16 + XACK, then with 10,000 entries
-        # pending for another consumer (its PEL, like felix's leases, is a sorted index)
         pipe = raw.pipeline(transaction=False)
-        for _ in range(2 * 200 * 16 + 10_000):
-            pipe.xadd("raw:cost", {"p": PAYLOAD})
+        for key in ("raw:cost", "raw:plain"):
+            for _ in range(polls * 16 + 16 + (held if key == "raw:cost" else 0)):
+                pipe.xadd(key, {"p": PAYLOAD})
         pipe.execute()
-        raw.xgroup_create("raw:cost", "g", id="0")
-
-        def raw_poll_usec(samples: int = 200) -> float:
-            raw.config_resetstat()
-            for _ in range(samples):
-                reply = raw.xreadgroup("g", "c", {"raw:cost": ">"}, count=16)
-                raw.xack("raw:cost", "g", *[entry[0] for entry in reply[0][1]])
-            stats = raw.info("commandstats")
-            return float(stats["cmdstat_xreadgroup"]["usec"] + stats["cmdstat_xack"]["usec"]) / samples
-
-        plain = raw_poll_usec()
-        raw.xreadgroup("g", "other", {"raw:cost": ">"}, count=10_000)
-        out["raw_poll_ack_usec_plain"] = round(plain, 2)
-        out["raw_poll_ack_usec_with_pending"] = round(raw_poll_usec(), 2)
-        out["raw_poll_cost_ratio"] = round(out["raw_poll_ack_usec_with_pending"] / plain, 2)
+        for key in ("raw:cost", "raw:plain"):
+            raw.xgroup_create(key, "g", id="0")
+        raw.xreadgroup("g", "other", {"raw:cost": ">"}, count=held)
+        cost = alternate(raw, {
+            "plain": (SCRIPTS, felix_steps(client, "plain", "g", 16, polls // steps)),
+            "loaded": (SCRIPTS, felix_steps(client, "cost", "g", 16, polls // steps)),
+            "raw_plain": (RAW, raw_steps(raw, "raw:plain", 16, polls // steps)),
+            "raw_loaded": (RAW, raw_steps(raw, "raw:cost", 16, polls // steps)),
+        }, steps)
+        per_poll = {name: usec / polls for name, (usec, _jobs) in cost.items()}
+        out["poll_ack_usec_plain"] = round(per_poll["plain"], 1)
+        out["poll_ack_usec_with_dead_and_in_flight"] = round(per_poll["loaded"], 1)
+        out["poll_cost_ratio"] = round(per_poll["loaded"] / per_poll["plain"], 2)
+        out["raw_poll_ack_usec_plain"] = round(per_poll["raw_plain"], 2)
+        out["raw_poll_ack_usec_with_pending"] = round(per_poll["raw_loaded"], 2)
+        out["raw_poll_cost_ratio"] = round(per_poll["raw_loaded"] / per_poll["raw_plain"], 2)
         client.close()
     return out
 

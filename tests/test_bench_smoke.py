@@ -166,3 +166,21 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
         assert data[part]["felix_over_raw"] > 0
     # no 16-record batch was counted here to compare with: the held-back figure stands alone
     assert data["held_back_8"]["felix_per_batch"] > 0 and data["held_back_8"]["over_none_held"] is None
+
+
+def test_scale_figures_run_end_to_end() -> None:
+    """bench/scale.py with tiny numbers: every figure is there, and the figures that are
+    counts, not timings, are exact."""
+    sys.path.insert(0, str(ROOT))
+    from bench import scale
+
+    data = scale.measure(backlog=2_000, small=1_000, jobs=3_000, dead=300, held=200, polls=20)
+    assert (data["small_backlog"], data["large_backlog"]) == (1_000, 2_000)
+    assert (data["dead_letters"], data["in_flight_elsewhere"]) == (300, 200)
+    assert data["group_bytes_left_per_finished_job"] == 0
+    assert data["cpu_jobs_per_part"] == 20 * 64
+    for figure in ("drain_rate_10k_backlog", "drain_rate_large_backlog", "bytes_per_waiting_job",
+                   "redis_usec_per_job", "raw_redis_usec_per_job", "redis_usec_per_job_separate_acks",
+                   "poll_ack_usec_plain", "poll_ack_usec_with_dead_and_in_flight", "raw_poll_ack_usec_plain",
+                   "raw_poll_ack_usec_with_pending"):
+        assert data[figure] > 0, figure
