@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
