@@ -171,7 +171,7 @@ if want > 0 and S.next < S.tail then
         local id, fields = e[1], e[2]
         local cut = #id - 14
         local m
-        if s_byte(id, cut + 1) == 45 then m = s_sub(id, 1, cut) else m = fmt(first + i - 1) end
+        if cut > 0 and s_byte(id, cut + 1) == 45 then m = s_sub(id, 1, cut) else m = fmt(first + i - 1) end
         leases[l + 1] = expiry
         leases[l + 2] = m
         l = l + 2

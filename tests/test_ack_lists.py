@@ -55,6 +55,7 @@ def delivered(redis_client: felix_redis.Client) -> felix_redis.Client:
         (["5", "7"], [1, 1], 0),  # above the position: remembered as finished
         (["00", "01"], [1, 1], 2),  # not canonical: the argument-by-argument path reads 0 and 1
         (["-0", "1"], [1, 1], 2),  # likewise (int_arg reads -0 as 0)
+        (["1", "1", "2"], [1, 0, 1], 0),  # ascending with a repeat: the repeat counts once
     ],
 )
 def test_ack_lists_of_every_shape(delivered: felix_redis.Client, raw: redis.Redis, args: list[str],
@@ -67,7 +68,7 @@ def test_ack_lists_of_every_shape(delivered: felix_redis.Client, raw: redis.Redi
 
 @pytest.mark.parametrize("bad", [
     ["1,2"], ["1", ""], [""], ["-1"], ["+2"], ["1 "], [" 12"], ["x"], ["1", "1e3"], ["1e2"], ["12e2"],
-    ["1E2"], ["0x1"], ["0xFFFFF"], ["inf"], ["nan"], ["1.0"], ["1.5"],
+    ["1E2"], ["0x1"], ["0xFFFFF"], ["inf"], ["nan"], ["1.0"], ["1.5"], ["1\0"], ["\t1"], ["1" * 17],
 ])
 def test_bad_ack_lists_are_refused_and_change_nothing(delivered: felix_redis.Client, raw: redis.Redis,
                                                      bad: list[str]) -> None:
@@ -131,7 +132,7 @@ def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: fel
     assert redis_client.group_poll(T, N, S, 0, G, ack=records[:1]) == []
     stats = raw.info("commandstats")
     assert position(redis_client) == total
-    # 4999 records passed: one SREM for the first, then chunks of 64, 256 and 1000
+    # 4999 records passed: one SREM for the first, then chunks of 16, 64, 256 and 1000
     assert stats["cmdstat_srem"]["calls"] <= 10
     assert stats["cmdstat_smismember"]["calls"] <= 10
 
@@ -151,3 +152,21 @@ def test_position_walk_stops_at_the_first_unfinished_record(client: felix_redis.
     client.group_ack_many(T, N, S, 0, G, records[1500:1501])
     info = client.group_describe(T, N, S, G).shards[0]
     assert (info.position, info.in_flight, info.lag) == (2000, 0, 0)
+
+
+def test_acks_of_owed_and_finished_records_in_ascending_lists(delivered: felix_redis.Client,
+                                                             raw: redis.Redis) -> None:
+    """An ascending list mixing in-flight, owed (nacked) and finished records: the owed
+    one is finished too, the finished one reported as such."""
+    records = delivered.group_poll(T, N, S, 0, G, max_records=1)  # nothing left to poll
+    assert records == []
+    ks = keys(delivered)
+    assert fcall(raw, "group_ack", ks, ["0"]) == [1]
+    delivered.group_nack(T, N, S, 0, G, "0:2:1", delay=60)  # record 2 owed, due in a minute
+    info = delivered.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight, info.owed) == (1, 18, 1)
+    assert fcall(raw, "group_ack", ks, ["0", "1", "2", "3"]) == [0, 1, 1, 1]
+    info = delivered.group_describe(T, N, S, G).shards[0]
+    assert (info.position, info.in_flight, info.owed) == (4, 16, 0)
+    # the owed record left the owed set: a poll does not hand it out again
+    assert delivered.group_poll(T, N, S, 0, G, max_records=5) == []

@@ -58,11 +58,13 @@ local function check_types(K)
 end
 
 -- redis.call(cmd, key, members...) in chunks (Lua's unpack has a limit); returns the
--- replies' sum (integer replies) or their concatenation (array replies). The members
--- are unpacked in place: no argument list is copied.
+-- replies' sum (integer replies) or their concatenation (array replies); 0 for no
+-- members (no command is sent). The members are unpacked in place: no argument list is
+-- copied. CHUNK is even, so that pairs (ZADD, HSET) never straddle two calls.
 local CHUNK = 1000
 local function call_many(cmd, key, members)
   local n = #members
+  if n == 0 then return 0 end
   if n <= CHUNK then return redis.call(cmd, key, unpack(members, 1, n)) end
   local total, parts = 0, nil
   for i = 1, n, CHUNK do
@@ -145,12 +147,12 @@ end
 
 -- Moves S.pos over the finished records the done set holds from S.pos on, taking them
 -- out of it. One SREM answers the usual case (the record at the position is not
--- finished); a longer run is looked up in chunks (SMISMEMBER), so a position that
--- passes thousands of records finished while one slow record held it back costs a few
--- commands, not one per record.
+-- finished); a longer run is looked up in chunks (SMISMEMBER) of 16, 64, 256, then
+-- 1000 offsets, so a position that passes thousands of records finished while one slow
+-- record held it back costs a few commands, not one per record.
 local function advance_done(K, S)
   if redis.call('SREM', K.done, fmt(S.pos)) == 0 then return end
-  local p, size = S.pos + 1, 64
+  local p, size = S.pos + 1, 16
   while true do
     local ms = {}
     for i = 1, size do ms[i] = fmt(p + i - 1) end
@@ -266,8 +268,9 @@ local function offset_args(from)
   if quick then
     for i = from, last do
       local v = ARGV[i]
-      local x, d = tonumber(v), #v
-      if not x or x < 0 or x % 1 ~= 0 or d > 15 or x >= POW10[d] or (d > 1 and x < POW10[d - 1]) then
+      local d = #v
+      local x = d <= 15 and tonumber(v)
+      if not x or x < 0 or x % 1 ~= 0 or x >= POW10[d] or (d > 1 and x < POW10[d - 1]) then
         quick = false
         break
       end
@@ -309,13 +312,14 @@ local function ack_many(K, S, ms, offs, statuses)
   end
   local uniq, first = ms, nil
   if not ascending then
+    local given = offs
     uniq, first, offs = {}, {}, {}
     for i = 1, n do
       local m = ms[i]
       if not first[m] then
         first[m] = i
         uniq[#uniq + 1] = m
-        offs[#offs + 1] = tonumber(m)
+        offs[#offs + 1] = given[i]
       end
     end
     table.sort(offs)
