@@ -36,6 +36,17 @@ def position(client: felix_redis.Client) -> int:
     return client.group_describe(T, N, S, G).shards[0].position
 
 
+def all_delivered(client: felix_redis.Client, total: int) -> list[felix_redis.Record]:
+    """A stream of ``total`` records, all delivered to G (in flight), in offset order."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"x"] * total, shard=0)
+    records: list[felix_redis.Record] = []
+    while len(records) < total:
+        records += client.group_poll(T, N, S, 0, G, max_records=1000)
+    return records
+
+
 @pytest.fixture
 def delivered(redis_client: felix_redis.Client) -> felix_redis.Client:
     """20 records, all delivered to G and in flight."""
@@ -100,12 +111,7 @@ def test_position_walks_a_long_finished_run(client: felix_redis.Client) -> None:
     """Records finished while the one at the position is held back are remembered; when
     it is acked, the position passes them all and the group keeps nothing of them."""
     total = 3000
-    client.stream_create(T, N, S)
-    client.group_create(T, N, S, G)
-    client.publish_batch(T, N, S, [b"x"] * total, shard=0)
-    records = []
-    while len(records) < total:
-        records += client.group_poll(T, N, S, 0, G, max_records=1000)
+    records = all_delivered(client, total)
     # out of order: the later half first, then the earlier, the first record held back
     assert all(client.group_ack_many(T, N, S, 0, G, records[1500:]))
     assert all(client.group_ack_many(T, N, S, 0, G, records[1:1500]))
@@ -121,12 +127,7 @@ def test_position_walks_a_long_finished_run(client: felix_redis.Client) -> None:
 def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: felix_redis.Client,
                                                               raw: redis.Redis) -> None:
     total = 5000
-    redis_client.stream_create(T, N, S)
-    redis_client.group_create(T, N, S, G)
-    redis_client.publish_batch(T, N, S, [b"x"] * total, shard=0)
-    records = []
-    while len(records) < total:
-        records += redis_client.group_poll(T, N, S, 0, G, max_records=1000)
+    records = all_delivered(redis_client, total)
     redis_client.group_ack_many(T, N, S, 0, G, records[1:])
     raw.config_resetstat()
     assert redis_client.group_poll(T, N, S, 0, G, ack=records[:1]) == []
@@ -138,12 +139,7 @@ def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: fel
 
 
 def test_position_walk_stops_at_the_first_unfinished_record(client: felix_redis.Client) -> None:
-    client.stream_create(T, N, S)
-    client.group_create(T, N, S, G)
-    client.publish_batch(T, N, S, [b"x"] * 2000, shard=0)
-    records = []
-    while len(records) < 2000:
-        records += client.group_poll(T, N, S, 0, G, max_records=1000)
+    records = all_delivered(client, 2000)
     # everything but 0 and 1500 finished: acking 0 moves the position to 1500, not past it
     client.group_ack_many(T, N, S, 0, G, records[1:1500] + records[1501:])
     client.group_ack_many(T, N, S, 0, G, records[:1])
