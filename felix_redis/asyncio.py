@@ -256,6 +256,21 @@ class AsyncClient:
             raise translate(exc, Cmd("FUNCTION", "LOAD", context=f"loading library {lib.name}"), self.url) from None
         return lib.name
 
+    async def prune_libraries(self) -> list[str]:
+        """As :meth:`felix_redis.Client.prune_libraries`."""
+        nodes = self.redis.get_primaries() if self._cluster else [None]
+        steps = scripts.prune_steps(self._runner.library.name, [{"target_nodes": n} if n else {} for n in nodes])
+        reply = None
+        try:
+            while True:
+                command, target = steps.send(reply)
+                reply = await self.redis.execute_command(*command, **target)
+        except StopIteration as done:
+            return list(done.value)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            op = Cmd("FUNCTION", "DELETE", context="pruning old function libraries")
+            raise translate(exc, op, self.url) from None
+
     async def close(self) -> None:
         await self.redis.aclose()
 

@@ -319,6 +319,26 @@ class Client:
             raise translate(exc, Cmd("FUNCTION", "LOAD", context=f"loading library {lib.name}"), self.url) from None
         return lib.name
 
+    def prune_libraries(self) -> list[str]:
+        """Deletes the function libraries other felix-redis versions loaded
+        (``felix_<digest>`` other than this client's; about 1 MB of server memory each)
+        from the server, on every primary of a Cluster; returns their names. Clients of
+        those versions still running load theirs again on their next call where their
+        user may, else run the same scripts through EVALSHA. Libraries with other names
+        are left alone. Needs ``FUNCTION LIST`` and ``FUNCTION DELETE`` (an administrator)."""
+        nodes = self.redis.get_primaries() if self._cluster else [None]
+        steps = scripts.prune_steps(self._runner.library.name, [{"target_nodes": n} if n else {} for n in nodes])
+        reply = None
+        try:
+            while True:
+                command, target = steps.send(reply)
+                reply = self.redis.execute_command(*command, **target)
+        except StopIteration as done:
+            return list(done.value)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            op = Cmd("FUNCTION", "DELETE", context="pruning old function libraries")
+            raise translate(exc, op, self.url) from None
+
     def close(self) -> None:
         self.redis.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -28,6 +29,8 @@ __all__ = [
     "load",
     "load_all",
     "lua_dir",
+    "other_libraries",
+    "prune_steps",
     "script_names",
 ]
 
@@ -188,6 +191,39 @@ def library() -> Library:
             f"end"
         )
     return Library(name, "\n".join(parts) + "\n", functions)
+
+
+#: Library names felix-redis loads: ``felix_`` and 12 hex digits of the code's digest.
+_LIBRARY_NAME = re.compile(r"felix_[0-9a-f]{12}")
+
+
+def other_libraries(listing: Any, current: str) -> list[str]:
+    """Names of felix-redis function libraries in a ``FUNCTION LIST`` reply (RESP2: flat
+    name/value lists; RESP3: maps) other than ``current``. Libraries whose names are not
+    exactly ``felix_<12 hex digits>`` belong to someone else and are never listed."""
+    names = []
+    for entry in listing or []:
+        fields = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=False))
+        name = fields.get(b"library_name", fields.get("library_name"))
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        if isinstance(name, str) and _LIBRARY_NAME.fullmatch(name) and name != current:
+            names.append(name)
+    return sorted(names)
+
+
+def prune_steps(current: str, targets: list[dict[str, Any]]) -> Generator[tuple[tuple[str, ...], dict[str, Any]],
+                                                                         Any, list[str]]:
+    """The commands that delete the felix-redis libraries other than ``current`` on each
+    target (redis-py ``execute_command`` keyword arguments: a Cluster node, or none):
+    yields (command, target), receives each reply; returns the names deleted."""
+    removed: set[str] = set()
+    for target in targets:
+        listing = yield ("FUNCTION LIST", "LIBRARYNAME", "felix_*"), target
+        for name in other_libraries(listing, current):
+            yield ("FUNCTION DELETE", name), target
+            removed.add(name)
+    return sorted(removed)
 
 
 class Runner:

@@ -7,6 +7,7 @@ import os
 import click
 
 from felix_redis import acl as felix_acl
+from felix_redis import scripts
 from felix_redis.errors import InvalidArgument
 from felixctl.common import Ctl, examples, pass_ctl
 
@@ -14,7 +15,7 @@ from felixctl.common import Ctl, examples, pass_ctl
 @click.group(epilog=examples(
     "felixctl acl grant alice --tenant acme --namespace prod --stream jobs --group workers --role group.consume"))
 def acl() -> None:
-    """Redis ACL rules for felix-redis roles (see docs/security.md)."""
+    """Redis ACL rules for felix-redis roles, and the function library (docs/security.md)."""
 
 
 @acl.command(
@@ -72,3 +73,23 @@ def load_library(ctl: Ctl) -> None:
     name = ctl.client.load_library()
     click.echo(name)
     click.echo(f"loaded: function library {name}", err=True)
+
+
+@acl.command(
+    "prune-libraries",
+    epilog=examples(
+        "felixctl acl prune-libraries",
+        note="Run it as the default user or an administrator (it needs FUNCTION LIST and FUNCTION DELETE), "
+        "after every client runs the new version. A client of an older version still running loads its library "
+        "again on its next call where its user may, else it runs the same scripts through EVALSHA.",
+    ),
+)
+@pass_ctl
+def prune_libraries(ctl: Ctl) -> None:
+    """Delete the function libraries of other felix-redis versions (every Cluster primary)."""
+    removed = ctl.client.prune_libraries()
+    for name in removed:
+        click.echo(name)
+    kept = scripts.library().name
+    click.echo(f"removed {len(removed)} old function librar{'y' if len(removed) == 1 else 'ies'}; "
+               f"this version's is {kept}", err=True)

@@ -338,3 +338,21 @@ def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Cli
         with pytest.raises(redis.ResponseError, match=r"FELIX_INVALID key .* does not belong to the shard"):
             u._run_script("publish", keys, ["", "", "0", "60000", "x"])
     assert dump_keyspace(raw) == before
+
+
+def test_a_role_may_not_prune_libraries(admin: felix_redis.Client, make_user: Any, raw: redis.Redis,
+                                        redis_url: str) -> None:
+    """felixctl acl prune-libraries as a role user: refused with one error line, exit 1,
+    and every library stays."""
+    admin.load_library()
+    old = "felix_0123456789ab"
+    raw.function_load(f"#!lua name={old}\nredis.register_function('{old}_noop', function() return 1 end)")
+    u = make_user(("group.consume", "acme", "jobs", "workers"))
+    user = u.redis.connection_pool.connection_kwargs["username"]
+    denied = CliRunner().invoke(cli, ["--redis-url", user_url(redis_url, user), "acl", "prune-libraries"])
+    assert denied.exit_code == 1, denied.output
+    (line,) = denied.stderr.strip().splitlines()
+    assert line.startswith("felixctl: error:") and "pruning old function libraries" in line
+    assert {x[1] for x in raw.function_list()} == {old.encode(), felix_redis.scripts.library().name.encode()}
+    with pytest.raises(PermissionDenied):
+        u.prune_libraries()

@@ -277,3 +277,22 @@ def test_felixctl_on_a_cluster_url(client: felix_redis.Client, cluster: ClusterT
     refused = felixctl("stream", "create", "big", "--shards", "2", "--replication", "3", "--consistency", "quorum")
     assert refused.returncode == 1
     assert refused.stderr.startswith("felixctl: error:") and "replication=3" in refused.stderr
+
+
+def test_prune_libraries_on_every_primary(client: felix_redis.Client) -> None:
+    """An old version's library on every primary is deleted from each; this version's stays."""
+    rc = client.redis
+    old = "felix_00000000abcd"
+    current = felix_redis.scripts.library().name
+    client.load_library()
+    code = f"#!lua name={old}\nredis.register_function('{old}_noop', function() return 1 end)"
+    rc.execute_command("FUNCTION LOAD", "REPLACE", code, target_nodes=RedisCluster.PRIMARIES)
+
+    def names(node: ClusterNode) -> set[bytes]:
+        return {entry[1] for entry in rc.execute_command("FUNCTION LIST", target_nodes=node)}
+
+    primaries = rc.get_primaries()
+    assert len(primaries) == 3 and all({old.encode(), current.encode()} <= names(n) for n in primaries)
+    assert client.prune_libraries() == [old]
+    assert all(names(n) == {current.encode()} for n in primaries)
+    assert client.prune_libraries() == []

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 import felix_redis
 import felix_redis.asyncio as fa
 from felix_redis import scripts
+from felixctl.cli import cli
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -142,3 +144,82 @@ def test_read_only_operations_run_when_writes_are_refused(setup: felix_redis.Cli
         c.publish(T, N, S, b"y", shard=0)
     raw.config_set("maxmemory", 0)
     assert c.group_describe(T, N, S, G).shards[0].tail == 1
+
+
+def fake_library(raw: redis.Redis, name: str) -> None:
+    """A one-function library named ``name`` (function names are global: made unique)."""
+    raw.function_load(f"#!lua name={name}\nredis.register_function('{name}_noop', function() return 1 end)",
+                      replace=True)
+
+
+def library_names(raw: redis.Redis) -> set[str]:
+    return {pairs(x)[b"library_name"].decode() for x in raw.function_list()}
+
+
+OLD = ["felix_0123456789ab", "felix_fedcba987654"]
+FOREIGN = ["felix_custom", "felix_0123456789abc", "reports"]  # not felix_<12 hex digits>
+
+
+def test_prune_libraries_deletes_other_versions_only(setup: felix_redis.Client, raw: redis.Redis) -> None:
+    c = setup
+    c.load_library()
+    for name in OLD + FOREIGN:
+        fake_library(raw, name)
+    assert c.prune_libraries() == OLD
+    assert library_names(raw) == {scripts.library().name, *FOREIGN}
+    assert c.prune_libraries() == []
+    drain_once(c)
+
+
+def test_a_version_whose_library_was_pruned_loads_it_again(setup: felix_redis.Client, raw: redis.Redis,
+                                                           redis_url: str) -> None:
+    """Another version prunes this one's library: this client's next calls load it again."""
+    c = setup
+    c.load_library()
+    newer = felix_redis.connect(redis_url)
+    newer._runner.library = scripts.Library("felix_ffffffffffff", "", {})  # another version's client
+    try:
+        assert newer.prune_libraries() == [scripts.library().name]
+    finally:
+        newer.close()
+    assert scripts.library().name not in library_names(raw)
+    raw.config_resetstat()
+    drain_once(c)
+    assert scripts.library().name in library_names(raw)
+    assert calls(raw, "fcall") > 0 and calls(raw, "evalsha") == 0
+
+
+def test_async_prune_libraries(setup: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    async def main() -> list[str]:
+        c = fa.connect(redis_url)
+        try:
+            await c.load_library()
+            return await c.prune_libraries()
+        finally:
+            await c.close()
+
+    for name in OLD + FOREIGN:
+        fake_library(raw, name)
+    assert asyncio.run(main()) == OLD
+    assert library_names(raw) == {scripts.library().name, *FOREIGN}
+
+
+def test_cli_prune_libraries(setup: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    setup.load_library()
+    fake_library(raw, OLD[0])
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "acl", "prune-libraries"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [OLD[0]]
+    assert f"removed 1 old function library; this version's is {scripts.library().name}" in result.stderr
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "acl", "prune-libraries"])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "removed 0 old function libraries" in result.stderr
+
+
+def test_other_libraries_reads_resp2_and_resp3_listings() -> None:
+    current = scripts.library().name
+    resp2 = [[b"library_name", n.encode(), b"engine", b"LUA", b"functions", []] for n in [*OLD, current, *FOREIGN]]
+    resp3 = [{"library_name": n, "engine": "LUA", "functions": []} for n in [OLD[1], current, "reports"]]
+    assert scripts.other_libraries(resp2, current) == OLD
+    assert scripts.other_libraries(resp3, current) == [OLD[1]]
+    assert scripts.other_libraries([], current) == [] and scripts.other_libraries(None, current) == []
