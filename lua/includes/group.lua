@@ -223,16 +223,16 @@ local function finish_many(K, S, ms, offs, aligned)
   local n = #offs
   if aligned and offs[1] == start_pos and offs[n] == start_pos + n - 1 then
     -- ascending and without repeats: a contiguous run from the position (in-order acks)
-    offs = {}
     S.pos = start_pos + n
-  end
-  for i, off in ipairs(offs) do
-    if off < start_pos then
-      below[#below + 1] = aligned and ms[i] or fmt(off)
-    elseif off == S.pos then
-      S.pos = off + 1
-    else
-      above[#above + 1] = aligned and ms[i] or fmt(off)
+  else
+    for i, off in ipairs(offs) do
+      if off < start_pos then
+        below[#below + 1] = aligned and ms[i] or fmt(off)
+      elseif off == S.pos then
+        S.pos = off + 1
+      else
+        above[#above + 1] = aligned and ms[i] or fmt(off)
+      end
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
