@@ -15,7 +15,7 @@ whatever else the machine is doing, so they show what a change to a script costs
 saves. They are not time: cache misses and the network are not in them (bench/scale.py
 measures server time, the main harness throughput).
 
-    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--held 100] [--out FILE]
+    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--held 100] [--out FILE] [--keep DIR]
 
 Needs ``valgrind`` and ``redis-server`` on PATH. Prints one JSON document.
 """
@@ -50,7 +50,8 @@ PAYLOAD = b"x" * 64
 class Callgrind:
     """A redis-server under callgrind whose counting is switched on around each part."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, keep: str | None = None) -> None:
+        self.keep = keep
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -76,8 +77,9 @@ class Callgrind:
         subprocess.run(["callgrind_control", *args, str(self.proc.pid)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
-    def count(self, work: Callable[[], None]) -> int:
-        """Instructions redis-server executed while ``work`` ran."""
+    def count(self, work: Callable[[], None], name: str) -> int:
+        """Instructions redis-server executed while ``work`` ran; with ``keep``, the
+        callgrind dump is kept there as ``NAME.callgrind`` (for ``callgrind_annotate``)."""
         before = set(glob.glob(self.out + "*"))
         self._ctl("-z")
         self._ctl("-i", "on")
@@ -94,7 +96,10 @@ class Callgrind:
             for line in Path(path).read_text().splitlines():
                 if line.startswith(("summary:", "totals:")):
                     total = max(total, int(line.split()[1]))
-            os.remove(path)
+            if self.keep:
+                shutil.move(path, os.path.join(self.keep, f"{name}.callgrind"))
+            else:
+                os.remove(path)
         return total
 
     def stop(self) -> None:
@@ -114,18 +119,19 @@ def repeat(work: Callable[[], Any], times: int) -> Callable[[], None]:
 
 
 @contextmanager
-def server() -> Iterator[Callgrind]:
+def server(keep: str | None = None) -> Iterator[Callgrind]:
     with tempfile.TemporaryDirectory(prefix="felix-callgrind-") as workdir:
-        cg = Callgrind(workdir)
+        cg = Callgrind(workdir, keep)
         try:
             yield cg
         finally:
             cg.stop()
 
 
-def measure(batches: list[int], rounds: int, functions: bool = True, held_back: tuple[int, ...] = ()) -> dict[str, Any]:
+def measure(batches: list[int], rounds: int, functions: bool = True, held_back: tuple[int, ...] = (),
+            keep: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"redis": None, "batches": rounds, "scripts": "FCALL" if functions else "EVALSHA"}
-    with server() as cg:
+    with server(keep) as cg:
         raw = redis.Redis.from_url(cg.url)
         out["redis"] = raw.info("server")["redis_version"]
         client = felix_redis.connect(cg.url)
@@ -167,9 +173,9 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
                 felix_separate()
                 felix_batch()
                 raw_batch()
-            felix = cg.count(repeat(felix_batch, rounds)) / rounds
-            separate = cg.count(repeat(felix_separate, rounds)) / rounds
-            floor = cg.count(repeat(raw_batch, rounds)) / rounds
+            felix = cg.count(repeat(felix_batch, rounds), f"poll_{b}") / rounds
+            separate = cg.count(repeat(felix_separate, rounds), f"poll_then_ack_{b}") / rounds
+            floor = cg.count(repeat(raw_batch, rounds), f"raw_xreadgroup_xack_{b}") / rounds
             client.group_ack_many(T, N, stream, 0, G, held)
             out[f"drain_batch_{b}"] = {
                 "felix_per_batch": round(felix), "raw_per_batch": round(floor),
@@ -196,7 +202,7 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
 
             for _ in range(5):
                 held_batch()
-            count = cg.count(repeat(held_batch, rounds)) / rounds
+            count = cg.count(repeat(held_batch, rounds), f"poll_16_held_{n}") / rounds
             plain = out.get("drain_batch_16", {}).get("felix_per_batch")
             out[f"held_back_{n}"] = {
                 "felix_per_batch": round(count),
@@ -204,8 +210,8 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
             }
         client.stream_create(T, N, "pub")
         publishes = rounds * 3
-        felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes))
-        floor = cg.count(repeat(lambda: raw.xadd("rawpub", {"p": PAYLOAD}), publishes))
+        felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes), "publish")
+        floor = cg.count(repeat(lambda: raw.xadd("rawpub", {"p": PAYLOAD}), publishes), "raw_xadd")
         out["publish"] = {
             "felix_per_call": round(felix / publishes), "raw_per_call": round(floor / publishes),
             "felix_over_raw": round(felix / floor, 2),
@@ -223,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="also count poll(16, ack=...) with this many records in flight below the "
                              "position (repeatable; compared with the 16-record batch)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--keep", metavar="DIR", default=None,
+                        help="keep each part's callgrind dump in DIR (NAME.callgrind, for callgrind_annotate; a "
+                             "redis-server built with symbols first on PATH names Lua's and Redis's functions)")
     args = parser.parse_args(argv)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not on PATH")
-    emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha, held_back=tuple(args.held)),
-         args.out)
+    emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha, held_back=tuple(args.held),
+                 keep=args.keep), args.out)
     return 0
 
 

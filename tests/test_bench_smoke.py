@@ -154,8 +154,9 @@ def test_chart_drawn_when_matplotlib_present(tmp_path: Path) -> None:
 def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     """bench/instructions.py (redis-server under callgrind) with tiny numbers."""
     out = tmp_path / "instructions.json"
+    kept = tmp_path / "dumps"
     cmd = [sys.executable, "bench/instructions.py", "--batch", "4", "--batches", "3", "--held", "8",
-           "--out", str(out)]
+           "--out", str(out), "--keep", str(kept)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -166,6 +167,10 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
         assert data[part]["felix_over_raw"] > 0
     # no 16-record batch was counted here to compare with: the held-back figure stands alone
     assert data["held_back_8"]["felix_per_batch"] > 0 and data["held_back_8"]["over_none_held"] is None
+    # --keep: one callgrind dump per part, named
+    assert {p.name for p in kept.iterdir()} == {
+        "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind",
+        "poll_16_held_8.callgrind", "publish.callgrind", "raw_xadd.callgrind"}
 
 
 def test_scale_figures_run_end_to_end() -> None:
@@ -184,3 +189,17 @@ def test_scale_figures_run_end_to_end() -> None:
                    "poll_ack_usec_plain", "poll_ack_usec_with_dead_and_in_flight", "raw_poll_ack_usec_plain",
                    "raw_poll_ack_usec_with_pending", "poll_cost_ratio_dead_only", "poll_cost_ratio_in_flight_only"):
         assert data[figure] > 0, figure
+
+
+def test_round_trip_figures_run_end_to_end() -> None:
+    """bench/roundtrip.py with tiny numbers: every part reports a round trip and a server
+    time, and the spinning function's server time grows with its spins."""
+    sys.path.insert(0, str(ROOT))
+    from bench import roundtrip
+
+    data = roundtrip.measure(calls=20, rounds=1)
+    parts = ["xadd", "publish", "bare_publish_fcall", *(f"spin_{n}" for n in roundtrip.SPINS)]
+    for part in parts:
+        assert data[part]["round_trip_usec"] > 0 and data[part]["server_usec"] > 0, part
+    assert data["spin_10000"]["server_usec"] > data["spin_0"]["server_usec"]
+    assert data["publish_over_xadd_rate"] > 0

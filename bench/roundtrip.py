@@ -1,0 +1,103 @@
+"""What server time costs a single call's round trip, on a private redis-server:
+
+- one ``XADD``, one felix-redis ``publish`` and the same publish function called bare
+  with redis-py (``FCALL``, no felix-redis client code around it);
+- a function that only spins ``N`` Lua iterations, for a few ``N``: the round trip as
+  server time grows, with nothing else changing.
+
+For each: the median round trip (usec, over alternating rounds, so that load on the
+machine falls on all of them alike) and the server time per call (usec, INFO
+commandstats). The single-publish target of issue 8 (0.9x ``XADD``) is a question of
+how much server time a publish may take; this answers it.
+
+    python bench/roundtrip.py [--calls 2000] [--rounds 7] [--out FILE]
+
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import felix_redis
+from bench.report import emit
+from felix_redis import scripts
+from felix_redis.testing.server import RedisServer
+
+T, N, S = "roundtrip", "bench", "jobs"
+PAYLOAD = b"x" * 8
+SPINS = (0, 2_000, 5_000, 10_000)
+SPIN_LIBRARY = ("#!lua name=felixbench_spin\n"
+                "redis.register_function('felixbench_spin', function(keys, args)\n"
+                "  local x = 0\n  for i = 1, tonumber(args[1]) do x = x + i end\n  return x\nend)")
+
+
+def measure(calls: int, rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"redis": None, "calls": calls, "rounds": rounds}
+    with RedisServer() as server:
+        raw = redis.Redis.from_url(server.url)
+        out["redis"] = raw.info("server")["redis_version"]
+        client = felix_redis.connect(server.url)
+        client.stream_create(T, N, S)
+        client.publish(T, N, S, PAYLOAD)  # loads the library
+        raw.function_load(SPIN_LIBRARY, replace=True)
+        name = client.core.name(T, N, S)
+        meta, log = name.shard_keys(0)
+        publish_fn = scripts.library().functions["publish"]
+
+        def bare_publish() -> None:
+            # a plain publish (no producer): the script and the round trip, no client code
+            raw.fcall(publish_fn, 3, meta, log, meta, "", "", 0, 3_600_000, PAYLOAD)
+
+        def spin(n: int) -> Callable[[], None]:
+            return lambda: raw.fcall("felixbench_spin", 0, n)
+
+        parts: dict[str, tuple[str, Callable[[], None]]] = {
+            "xadd": ("xadd", lambda: raw.xadd("raw", {"p": PAYLOAD})),
+            "publish": ("fcall", lambda: client.publish(T, N, S, PAYLOAD)),
+            "bare_publish_fcall": ("fcall", bare_publish),
+            **{f"spin_{n}": ("fcall", spin(n)) for n in SPINS},
+        }
+        times: dict[str, list[float]] = {k: [] for k in parts}
+        server_us: dict[str, list[float]] = {k: [] for k in parts}
+        for _ in range(rounds):
+            for key, (command, call) in parts.items():
+                raw.config_resetstat()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                times[key].append((time.perf_counter() - start) / calls * 1e6)
+                stats = raw.info("commandstats")[f"cmdstat_{command}"]
+                server_us[key].append(float(stats["usec"]) / calls)
+        for key in parts:
+            out[key] = {
+                "round_trip_usec": round(statistics.median(times[key]), 1),
+                "server_usec": round(statistics.median(server_us[key]), 2),
+            }
+        out["publish_over_xadd_rate"] = round(out["xadd"]["round_trip_usec"] / out["publish"]["round_trip_usec"], 3)
+        client.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per part and round")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (the median is reported)")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    emit(measure(args.calls, args.rounds), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
