@@ -1,7 +1,9 @@
 """What server time costs a single call's round trip, on a private redis-server:
 
-- one ``XADD``, one felix-redis ``publish`` and the same publish function called bare
-  with redis-py (``FCALL``, no felix-redis client code around it);
+- one ``XADD``, one felix-redis ``publish`` (the client's default, with its producer
+  sequence), one ``publish`` of a client made with ``idempotent_publish=False`` (no
+  producer state), one idempotent producer's ``publish_keyed``, and the plain publish
+  function called bare with redis-py (``FCALL``, no felix-redis client code around it);
 - a function that only spins ``N`` Lua iterations, for a few ``N``: the round trip as
   server time grows, with nothing else changing.
 
@@ -48,8 +50,11 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
         raw = redis.Redis.from_url(server.url)
         out["redis"] = raw.info("server")["redis_version"]
         client = felix_redis.connect(server.url)
+        plain = felix_redis.connect(server.url, idempotent_publish=False)
         client.stream_create(T, N, S)
         client.publish(T, N, S, PAYLOAD)  # loads the library
+        producer = client.idempotent_producer()
+        keys = iter(range(10**9))
         raw.function_load(SPIN_LIBRARY, replace=True)
         name = client.core.name(T, N, S)
         meta, log = name.shard_keys(0)
@@ -65,6 +70,8 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
         parts: dict[str, tuple[str, Callable[[], None]]] = {
             "xadd": ("xadd", lambda: raw.xadd("raw", {"p": PAYLOAD})),
             "publish": ("fcall", lambda: client.publish(T, N, S, PAYLOAD)),
+            "publish_plain": ("fcall", lambda: plain.publish(T, N, S, PAYLOAD)),
+            "producer_publish_keyed": ("fcall", lambda: producer.publish_keyed(T, N, S, f"k{next(keys)}", PAYLOAD)),
             "bare_publish_fcall": ("fcall", bare_publish),
             **{f"spin_{n}": ("fcall", spin(n)) for n in SPINS},
         }
@@ -85,6 +92,11 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
                 "server_usec": round(statistics.median(server_us[key]), 2),
             }
         out["publish_over_xadd_rate"] = round(out["xadd"]["round_trip_usec"] / out["publish"]["round_trip_usec"], 3)
+        # idempotence's cost: how much slower than a publish without producer state
+        for key in ("publish", "producer_publish_keyed"):
+            out[f"{key}_slower_than_plain"] = round(
+                out[key]["round_trip_usec"] / out["publish_plain"]["round_trip_usec"] - 1, 3)
+        plain.close()
         client.close()
     return out
 

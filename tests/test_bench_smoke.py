@@ -96,6 +96,16 @@ def test_floor_measured(smoke: dict[str, object]) -> None:
             assert len(row["runs"]) == 1
 
 
+def test_felix_publish_variants_measured(smoke: dict[str, object]) -> None:
+    """The client's default publish (producer sequence), the plain one without producer
+    state, the idempotent producer and batches: each its own row, each measured."""
+    rows = {r["scenario"]: r for r in smoke["results"] if r["system"] == "felix"}  # type: ignore[union-attr]
+    for scenario in ("enqueue", "enqueue-plain", "enqueue-idempotent", "enqueue-batch"):
+        row = rows[scenario]
+        assert row["status"] == "ok", row
+        assert row["rate"] > 0 and row["jobs"] == 200, row
+
+
 def test_others_measured_or_explained(smoke: dict[str, object]) -> None:
     for row in smoke["results"]:  # type: ignore[union-attr]
         if row["system"] == "raw":
@@ -198,8 +208,11 @@ def test_round_trip_figures_run_end_to_end() -> None:
     from bench import roundtrip
 
     data = roundtrip.measure(calls=20, rounds=1)
-    parts = ["xadd", "publish", "bare_publish_fcall", *(f"spin_{n}" for n in roundtrip.SPINS)]
+    parts = ["xadd", "publish", "publish_plain", "producer_publish_keyed", "bare_publish_fcall",
+             *(f"spin_{n}" for n in roundtrip.SPINS)]
     for part in parts:
         assert data[part]["round_trip_usec"] > 0 and data[part]["server_usec"] > 0, part
+    for part in ("publish", "producer_publish_keyed"):
+        assert data[f"{part}_slower_than_plain"] > -1, part
     assert data["spin_10000"]["server_usec"] > data["spin_0"]["server_usec"]
     assert data["publish_over_xadd_rate"] > 0

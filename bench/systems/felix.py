@@ -2,7 +2,9 @@
 
 Four registered systems share this module:
 
-- ``felix``: the sync client. Publish one call per job, the idempotent producer, batch
+- ``felix``: the sync client. Publish one call per job (the client's default: each
+  publish carries its producer sequence, so a retried publish lands once), the same
+  without producer state (``idempotent_publish=False``), the idempotent producer, batch
   publish, and a drain of ``group_poll(max_records=concurrency, ack=last batch)``: each
   batch's acks ride on the next poll, one round trip per batch.
 - ``felix-async``: the same through ``felix_redis.asyncio``.
@@ -41,12 +43,12 @@ SHARDS = 4
 WAIT_S = 0.2
 
 
-def _connect(url: str) -> Any:
+def _connect(url: str, **options: Any) -> Any:
     require("felix_redis")
     import felix_redis
 
     try:
-        return felix_redis.connect(url)
+        return felix_redis.connect(url, **options)
     except AttributeError as exc:
         raise Unavailable(f"felix_redis has no connect(): {exc}") from None
 
@@ -108,6 +110,17 @@ class Felix(RedisSystem):
             payloads = [PACK.pack(time.monotonic()) for _ in range(min(batch, n - i * batch))]
             self.sync.publish_batch(*NAME, payloads, shard=i % self.shards)
 
+    def enqueue_plain(self, n: int, budget: Budget) -> None:
+        """``publish``, one call per job, on a client made with ``idempotent_publish=False``:
+        no producer state is read or written (a publish retried after a lost reply may land
+        twice)."""
+        plain = _connect(self.cfg.redis_url, idempotent_publish=False)
+        try:
+            for _ in budget.range(n):
+                plain.publish(*NAME, PACK.pack(time.monotonic()))
+        finally:
+            plain.close()
+
     def enqueue_idempotent(self, n: int, budget: Budget) -> None:
         """The idempotent producer's ``publish_keyed``, one call per job."""
         producer = self.sync.idempotent_producer()
@@ -121,6 +134,12 @@ class Felix(RedisSystem):
         enqueue, drain1, drain2, latency = super().scenarios()
         return [
             enqueue,
+            Scenario(
+                "enqueue-plain",
+                "enqueue",
+                lambda: self.measure_enqueue(self.enqueue_plain),
+                floor="enqueue",
+            ),
             Scenario(
                 "enqueue-idempotent",
                 "enqueue",
