@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import json
 import os
-import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, TypeVar
@@ -193,7 +191,7 @@ def shard_option(help: str) -> Callable[[F], F]:
 
 
 yes_option = click.option(
-    "-y", "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
+    "-y", "--yes", is_flag=True, help="Do not ask for confirmation (only asked at a terminal)."
 )
 
 claims_argument = click.argument("claims", nargs=-1, required=True, metavar="CLAIM...")
@@ -250,42 +248,19 @@ class ClaimRunner:
 # -- confirmation
 
 
-def confirm(question: str, *, yes: bool, what: str, interactive_only: bool = False) -> None:
-    """Asks ``question`` on stderr unless ``yes``. Without a terminal it reads one answer
-    only if one is already waiting; with none it refuses rather than hang.
-    ``interactive_only``: ask only a person at a terminal; scripts go ahead."""
-    if yes or (interactive_only and not sys.stdin.isatty()):
+def at_terminal() -> bool:
+    """Whether a person may be there to answer: stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
+def confirm(question: str, *, yes: bool, what: str) -> None:
+    """Asks ``question`` on stderr when a person is at a terminal, unless ``yes``. Run
+    from a script (stdin not a terminal: CI, cron, a pipe) the command goes ahead as
+    written; nothing waits for an answer that will not come."""
+    if yes or not at_terminal():
         return
-    stdin = sys.stdin
-    if stdin.isatty():
-        if not click.confirm(question, default=False, err=True):
-            raise OperationError(f"{what} not confirmed; nothing was changed")
-        return
-    click.echo(f"{question} [y/N]: ", nl=False, err=True)
-    answer = _waiting_line(stdin)
-    if answer is None:
-        click.echo("", err=True)
-        raise OperationError(f"{what} needs confirmation and stdin is not a terminal; pass --yes")
-    click.echo(answer.strip(), err=True)
-    if answer.strip().lower() not in ("y", "yes"):
+    if not click.confirm(question, default=False, err=True):
         raise OperationError(f"{what} not confirmed; nothing was changed")
-
-
-def _waiting_line(stdin: IO[str]) -> str | None:
-    """A line already available on a non-terminal stdin, or None (none within a second, or EOF)."""
-    try:
-        fd = stdin.fileno()
-    except (OSError, ValueError, io.UnsupportedOperation):
-        fd = None
-    if fd is not None:
-        try:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-        except (OSError, ValueError):
-            return None
-        if not ready:
-            return None
-    line = stdin.readline()
-    return line if line else None
 
 
 # -- output

@@ -135,7 +135,7 @@ def delete(ctl: Ctl, stream: str, group: str, yes: bool) -> None:
     Its position, leases and dead letters are gone afterwards.
     """
     confirm(f"Delete group {group} of {ctl.path(stream)} with its position and dead letters?",
-            yes=yes, what="group delete", interactive_only=True)
+            yes=yes, what="group delete")
     ctl.client.group_delete(*ctl.where(stream), group)
     click.echo(f"group {group} deleted from {ctl.path(stream)}")
 
@@ -480,13 +480,14 @@ def _settle_dead(
 
 
 _DEAD_ARGS = click.argument("records", nargs=-1, metavar="[SHARD:OFFSET]...")
-_ALL = click.option("--all", "everything", is_flag=True, help="Every dead letter (asks for confirmation).")
+_ALL = click.option("--all", "everything", is_flag=True,
+                    help="Every dead letter (asks for confirmation at a terminal).")
 
 
 @group.command("redrive", epilog=examples(
     "felixctl group redrive jobs workers 0:15",
     "felixctl group redrive jobs workers --all --yes",
-    note="--all asks for confirmation; without a terminal it needs --yes and refuses otherwise.",
+    note="--all asks a person at a terminal for confirmation; run from a script it goes ahead.",
 ))
 @stream_argument
 @group_argument
@@ -508,7 +509,7 @@ def redrive(
 @group.command("discard", epilog=examples(
     "felixctl group discard jobs workers 0:15",
     "felixctl group discard jobs workers --all --yes",
-    note="--all asks for confirmation; without a terminal it needs --yes and refuses otherwise.",
+    note="--all asks a person at a terminal for confirmation; run from a script it goes ahead.",
 ))
 @stream_argument
 @group_argument

@@ -134,8 +134,7 @@ def list_(ctl: Ctl, everywhere: bool, output: str) -> None:
 @pass_ctl
 def delete(ctl: Ctl, stream: str, yes: bool) -> None:
     """Delete STREAM with all its records and groups."""
-    confirm(f"Delete stream {ctl.path(stream)} with all its records and groups?", yes=yes, what="stream delete",
-            interactive_only=True)
+    confirm(f"Delete stream {ctl.path(stream)} with all its records and groups?", yes=yes, what="stream delete")
     ctl.client.stream_delete(*ctl.where(stream))
     click.echo(f"stream {ctl.path(stream)} deleted")
 

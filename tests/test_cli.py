@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import felix_redis
+import felixctl.common as felixctl_common
 from felix_redis import shard_for_key
 from felixctl.cli import cli
 from felixctl.common import escape_payload, unescape_payload
@@ -166,6 +167,31 @@ def test_stream_create_describe_list_delete(felixctl: Run) -> None:
     assert ok(felixctl("stream", "list")).split() == ["audit"]
     failed(felixctl("stream", "delete", "jobs", "--yes"), "does not exist")
     failed(felixctl("stream", "describe", "jobs"), "jobs")
+
+
+@pytest.mark.parametrize("answer", ["n", "y"])
+def test_all_asks_a_person_at_a_terminal(jobs: Run, monkeypatch: pytest.MonkeyPatch, answer: str) -> None:
+    """At a terminal, discard --all asks first; anything but yes changes nothing."""
+    ok(jobs("pub", "jobs", "a"))
+    ok(jobs("group", "poll", "jobs", "workers"))
+    ok(jobs("group", "dead-letter", "jobs", "workers", "0:0:1"))
+    asked: list[str] = []
+
+    def fake_confirm(question: str, default: bool, err: bool) -> bool:
+        asked.append(question)
+        return answer == "y"
+
+    monkeypatch.setattr(felixctl_common, "at_terminal", lambda: True)
+    monkeypatch.setattr(felixctl_common.click, "confirm", fake_confirm)
+    result = jobs("group", "discard", "jobs", "workers", "--all")
+    assert asked and "every dead letter" in asked[0]
+    monkeypatch.undo()
+    letters = json.loads(ok(jobs("group", "dead-letters", "jobs", "workers", "-o", "json")))
+    if answer == "y":
+        assert ok(result) == "discarded 1 dead letter\n" and letters == []
+    else:
+        failed(result, "not confirmed")
+        assert [d["offset"] for d in letters] == [0]
 
 
 def test_stream_delete_from_a_script_needs_no_confirmation(felixctl: Run) -> None:
@@ -458,13 +484,13 @@ def test_dead_letter_list_redrive_discard(jobs: Run) -> None:
     assert jobs("group", "redrive", "jobs", "workers", "0:1", "--all").exit_code == 2
     failed(jobs("group", "redrive", "jobs", "workers", "zero"), "malformed")
 
-    failed(jobs("group", "discard", "jobs", "workers", "--all"), "--yes")
-    failed(jobs("group", "discard", "jobs", "workers", "--all", input="no\n"), "not confirmed")
     assert json.loads(ok(jobs("group", "dead-letters", "jobs", "workers", "-o", "json")))[0]["offset"] == 1
-    assert ok(jobs("group", "redrive", "jobs", "workers", "--all", input="y\n")) == "redriven 1 dead letter\n"
+    # run from a script (CliRunner's stdin is not a terminal) --all needs no --yes
+    assert ok(jobs("group", "redrive", "jobs", "workers", "--all")) == "redriven 1 dead letter\n"
     assert ok(jobs("group", "dead-letters", "jobs", "workers")) == "no dead letters\n"
     assert ok(jobs("group", "discard", "jobs", "workers", "--all", "--yes")) == "discarded 0 dead letters\n"
     failed(jobs("group", "redrive", "jobs", "nope", "--all", "--yes"), "nope")
+    failed(jobs("group", "redrive", "jobs", "nope", "--all"), "nope")
 
 
 def test_group_keys(jobs: Run, backend: tuple[str, Any]) -> None:
