@@ -46,7 +46,9 @@ from felix_redis.protocol import (
     xread_calls,
 )
 
-__all__ = ["AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Item", "connect"]
+__all__ = [
+    "AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Client", "Item", "connect",
+]
 
 T = TypeVar("T")
 
@@ -75,13 +77,21 @@ class AsyncClient:
         retry_for: float = 2.0,
         url: str | None = None,
     ) -> None:
-        check_raw_client(redis_client)
+        check_raw_client(redis_client, asyncio=True)
         self.redis = redis_client
         self._cluster = hasattr(redis_client, "get_node_from_key")
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._runner = scripts.Runner()
+
+    def __await__(self) -> Generator[Any, None, AsyncClient]:
+        """``await connect(url)`` works as well as ``connect(url)``: the client itself
+        (it connects lazily, on the first call)."""
+        return self._itself().__await__()
+
+    async def _itself(self) -> AsyncClient:
+        return self
 
     # -- driver
 
@@ -596,9 +606,14 @@ class AsyncShardedGroup(ShardedGroupBase):
         await self._client.group_dead_letter(*self._where(item), item, reason)
 
 
+#: The contract's name: ``felix_redis.asyncio`` has the same names as ``felix_redis``.
+Client = AsyncClient
+
+
 def connect(url: str | None = None, *, prefix: str = "felix", **kwargs: Any) -> AsyncClient:
     """An AsyncClient for ``url`` (None: ``$FELIX_REDIS_URL``, else redis://localhost:6379/0).
-    Connecting happens lazily, on the first call."""
+    Connecting happens lazily, on the first call; ``await connect(url)`` gives the same
+    client."""
     url = resolve_url(url)
     kwargs.setdefault("retry_for", default_retry_for(url))
     return AsyncClient(async_client(url), prefix=prefix, url=url, **kwargs)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import inspect
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from redis.exceptions import (
@@ -107,11 +109,20 @@ def max_block_ms(raw: Any) -> int:
     return max(50, int(min(finite) * 1000 * 0.8) - 200)
 
 
-def check_raw_client(raw: Any) -> None:
+def check_raw_client(raw: Any, asyncio: bool = False) -> None:
+    """Refuses what a Client (``asyncio``: an AsyncClient) cannot wrap: not a redis-py
+    client, one of the other flavour (sync or asyncio), or one that decodes replies."""
     if not (hasattr(raw, "register_script") and hasattr(raw, "execute_command")):
         raise InvalidArgument(
             f"Client() wraps a Redis client (redis.Redis, Sentinel.master_for(...), RedisCluster), "
             f"got {type(raw).__name__}; use felix_redis.connect(url) for a URL"
+        )
+    if inspect.iscoroutinefunction(raw.execute_command) != asyncio:
+        raise InvalidArgument(
+            f"felix_redis.asyncio.Client wraps a redis.asyncio client, got the synchronous {type(raw).__name__}"
+            if asyncio else
+            f"felix_redis.Client wraps a synchronous redis-py client, got {type(raw).__module__}.{type(raw).__name__}; "
+            "use felix_redis.asyncio.Client for a redis.asyncio client"
         )
     pool = getattr(raw, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
@@ -794,6 +805,10 @@ class Item:
     @property
     def payload(self) -> bytes:
         return self.record.payload
+
+    @property
+    def published_at(self) -> datetime:
+        return self.record.published_at
 
     @property
     def key(self) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from felix_redis.errors import InvalidArgument
 
@@ -24,9 +25,8 @@ def ms_to_datetime(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
-class Published:
-    """Where a published record landed."""
+class Published(NamedTuple):
+    """Where a published record landed; a tuple too (``shard, offset = client.publish(...)``)."""
 
     shard: int
     offset: int
@@ -126,7 +126,13 @@ class DeadLetter:
 
     @property
     def dead_at(self) -> datetime:
+        """When it became a dead letter (timezone-aware, the Redis server's clock)."""
         return ms_to_datetime(self.dead_ms)
+
+    @property
+    def time(self) -> datetime:
+        """The contract's name for :attr:`dead_at`."""
+        return self.dead_at
 
     @property
     def claim(self) -> str:

@@ -466,3 +466,38 @@ def test_group_sharded_can_be_awaited_like_every_other_call(backend: tuple[str, 
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_contract_names_and_awaitable_connect(backend: tuple[str, Any]) -> None:
+    """felix_redis.asyncio has the contract's names: Client wraps a redis.asyncio client,
+    and connect() gives a client whether or not it is awaited."""
+    import redis.asyncio
+
+    assert fa.Client is fa.AsyncClient
+
+    async def scenario() -> None:
+        client = await fa.connect(backend[0])
+        assert isinstance(client, fa.Client)
+        await client.stream_create(T, N, S)
+        published = await client.publish(T, N, S, b"x")
+        shard, offset = published
+        assert (shard, offset) == (0, 0) and published == (0, 0)
+        await client.close()
+        if backend[0].startswith("redis://"):
+            wrapped = fa.Client(redis.asyncio.Redis.from_url(backend[0]))
+            assert [r.payload for r in await wrapped.read(T, N, S, 0, 0)] == [b"x"]
+            await wrapped.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_of_the_other_flavour_is_refused(redis_url: str) -> None:
+    """A sync redis-py client given to the asyncio Client, or an asyncio one to the sync
+    Client, is refused at once, naming what to use, instead of failing later."""
+    import redis
+    import redis.asyncio
+
+    with pytest.raises(felix_redis.InvalidArgument, match=r"redis\.asyncio client"):
+        fa.Client(redis.Redis.from_url(redis_url))
+    with pytest.raises(felix_redis.InvalidArgument, match=r"felix_redis\.asyncio\.Client"):
+        felix_redis.Client(redis.asyncio.Redis.from_url(redis_url))

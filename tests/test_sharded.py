@@ -318,3 +318,18 @@ def test_sharded_consumer_reclaims_its_records_on_every_shard(client: felix_redi
     assert restarted.poll(16) == []
     for item in theirs:
         assert client.group_sharded(T, N, S, G).ack(item) is True
+
+
+def test_item_and_dead_letter_carry_the_contract_fields(client: felix_redis.Client) -> None:
+    """An Item has its record's published_at; a DeadLetter's time is when it died (both
+    the server's clock, timezone-aware); Published unpacks as (shard, offset)."""
+    setup(client, shards=2)
+    shard, offset = client.publish(T, N, S, b"x", shard=1)
+    assert (shard, offset) == (1, 0)
+    group = client.group_sharded(T, N, S, G)
+    (item,) = group.poll(4)
+    assert item.published_at == item.record.published_at and item.published_at.tzinfo is not None
+    group.dead_letter(item, "bad card")
+    (letter,) = client.group_dead_letters(T, N, S, 1, G)
+    assert letter.time == letter.dead_at and letter.time.tzinfo is not None
+    assert letter.time >= item.published_at
