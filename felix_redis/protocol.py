@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import random
 import threading
@@ -50,6 +51,7 @@ from felix_redis.models import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Eval:
@@ -547,12 +549,17 @@ class Core:
         payload_limit = C.DEFAULT_MAX_PAYLOAD if max_payload is None else check_int(
             max_payload, "max_payload", 1, 512 * 1024 * 1024
         )
-        if replication > 1:
+        needed = replicas_needed(replication, consistency)
+        if needed:
+            # Replicas come and go (one may be down or not yet attached now): the stream is
+            # created all the same, and every write raises NotReplicated while too few
+            # confirm it. Said once here, where it is cheapest to notice.
             copies = yield from self.copies(name)
-            if copies < replication:
-                raise InvalidArgument(
-                    f"replication={replication} needs {replication} copies, but this deployment "
-                    f"holds {copies} (the primary and {copies - 1} connected replica(s))"
+            if copies - 1 < needed:
+                log.warning(
+                    "stream %s: consistency=%s waits for %d replica(s) on every write, but its primary has "
+                    "%d connected now: writes will raise NotReplicated until there are enough",
+                    name.path, consistency, needed, copies - 1,
                 )
         yield from self.check_registry()
         args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1,

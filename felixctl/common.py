@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -261,6 +262,29 @@ def confirm(question: str, *, yes: bool, what: str) -> None:
         return
     if not click.confirm(question, default=False, err=True):
         raise OperationError(f"{what} not confirmed; nothing was changed")
+
+
+# -- library warnings
+
+
+class _StderrWarnings(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"felixctl: warning: {record.getMessage()}", err=True)
+
+
+@contextlib.contextmanager
+def warnings_on_stderr(logger: str = "felix_redis") -> Iterator[None]:
+    """Warnings the library logs meanwhile, as ``felixctl: warning: ...`` lines on stderr."""
+    target = logging.getLogger(logger)
+    handler = _StderrWarnings(logging.WARNING)
+    propagate = target.propagate
+    target.addHandler(handler)
+    target.propagate = False
+    try:
+        yield
+    finally:
+        target.removeHandler(handler)
+        target.propagate = propagate
 
 
 # -- output

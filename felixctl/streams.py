@@ -17,6 +17,7 @@ from felixctl.common import (
     pass_ctl,
     stream_argument,
     table,
+    warnings_on_stderr,
     yes_option,
 )
 
@@ -56,11 +57,12 @@ def create(
     retention_max_len: int | None, retention_max_age: int | None, retention_mode: str, max_payload: int | None,
 ) -> None:
     """Create STREAM (a no-op if it exists with the same settings)."""
-    created = ctl.client.stream_create(
-        *ctl.where(stream), kind=kind, shards=shards, replication=replication, consistency=consistency,
-        retention_max_len=retention_max_len, retention_max_age=retention_max_age, max_payload=max_payload,
-        retention_mode=retention_mode,
-    )
+    with warnings_on_stderr():
+        created = ctl.client.stream_create(
+            *ctl.where(stream), kind=kind, shards=shards, replication=replication, consistency=consistency,
+            retention_max_len=retention_max_len, retention_max_age=retention_max_age, max_payload=max_payload,
+            retention_mode=retention_mode,
+        )
     state = "created" if created else "exists already with the same settings"
     click.echo(f"stream {ctl.path(stream)} {state} ({kind}, {shards} shard{'s' if shards != 1 else ''})")
 

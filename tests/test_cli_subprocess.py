@@ -128,3 +128,19 @@ def test_console_script_is_installed(redis_url: str) -> None:
     result = subprocess.run([script, "--version"], capture_output=True, timeout=30)
     assert result.returncode == 0
     assert result.stdout.startswith(b"felixctl ")
+
+
+def test_contract_create_example_on_a_server_without_replicas(raw: redis.Redis, redis_url: str) -> None:
+    """The contract's 'stream create ... --replication 3 --consistency quorum' on a
+    standalone server: created, with one warning line; its writes then fail with the
+    distinct not-replicated error (one line, exit 1), applied on the primary."""
+    result = felixctl(redis_url, "stream", "create", "jobs", "--kind", "queue", "--shards", "4",
+                      "--replication", "3", "--consistency", "quorum")
+    assert ok(result).startswith("stream default/default/jobs created")
+    (line,) = result.stderr.decode().splitlines()
+    assert line.startswith("felixctl: warning: ") and "NotReplicated" in line
+    result = felixctl(redis_url, "pub", "jobs", '{"order":42,"task":"send-receipt"}', "--shard", "0")
+    assert result.returncode == 1
+    (line,) = result.stderr.decode().splitlines()
+    assert line.startswith("felixctl: error: ") and "failover" in line
+    assert raw.xlen("felix:{default/default/jobs/0}:log") == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -92,12 +93,26 @@ def _stream(client: felix_redis.Client, **settings: object) -> str:
     return name
 
 
-def test_replication_beyond_the_copies_is_refused(client: felix_redis.Client) -> None:
-    assert client.stream_create(T, N, "two", replication=2, consistency="quorum")
-    with pytest.raises(felix_redis.InvalidArgument, match=r"replication=3 needs 3 copies.*holds 2"):
-        client.stream_create(T, N, "three", replication=3, consistency="quorum")
-    with pytest.raises(felix_redis.NotFound):
-        client.stream_describe(T, N, "three")
+def test_create_asks_only_what_the_consistency_waits_for(
+    client: felix_redis.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """replication=3 with one replica: quorum waits for 1 replica, which is there: created
+    quietly, and its writes are confirmed. all waits for 2: created too (replicas come and
+    go), with a warning, and its writes raise NotReplicated, applied on the primary."""
+    with caplog.at_level(logging.WARNING, logger="felix_redis"):
+        assert client.stream_create(T, N, "three-quorum", replication=3, consistency="quorum")
+    assert not caplog.records
+    client.group_create(T, N, "three-quorum", "workers")
+    assert client.publish(T, N, "three-quorum", b"confirmed").offset == 0
+
+    with caplog.at_level(logging.WARNING, logger="felix_redis"):
+        assert client.stream_create(T, N, "three-all", replication=3, consistency="all")
+    (warning,) = caplog.records
+    assert "waits for 2 replica(s)" in warning.getMessage() and "has 1 connected" in warning.getMessage()
+    assert client.stream_describe(T, N, "three-all").replication == 3
+    with pytest.raises(felix_redis.NotReplicated):
+        client.publish(T, N, "three-all", b"unconfirmed")
+    assert [r.payload for r in client.read(T, N, "three-all", 0, 0)] == [b"unconfirmed"]
 
 
 @pytest.mark.parametrize("consistency", ["quorum", "all"])
@@ -128,7 +143,9 @@ def test_leader_writes_do_not_wait(client: felix_redis.Client, pair: Pair) -> No
         assert time.monotonic() - started < 1
 
 
-def test_a_replica_that_is_gone_fails_fast_and_blocks_new_replicated_streams(client: felix_redis.Client) -> None:
+def test_a_replica_that_is_gone_fails_fast_and_new_replicated_streams_warn(
+    client: felix_redis.Client, caplog: pytest.LogCaptureFixture
+) -> None:
     # A primary of its own with a replica we stop for good.
     p = Pair()
     try:
@@ -139,8 +156,11 @@ def test_a_replica_that_is_gone_fails_fast_and_blocks_new_replicated_streams(cli
         p.replica.stop()
         with pytest.raises(felix_redis.NotReplicated, match="0 of 1"):
             c.publish(T, N, stream, b"alone")
-        with pytest.raises(felix_redis.InvalidArgument, match="holds 1"):
-            c.stream_create(T, N, "another", replication=2, consistency="quorum")
+        with caplog.at_level(logging.WARNING, logger="felix_redis"):
+            assert c.stream_create(T, N, "another", replication=2, consistency="quorum")
+        assert "has 0 connected now" in caplog.text
+        with pytest.raises(felix_redis.NotReplicated, match="0 of 1"):
+            c.publish(T, N, "another", b"alone too")
         c.close()
     finally:
         p.stop()
