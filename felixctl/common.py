@@ -294,15 +294,19 @@ _ESCAPES = {ord("\\"): b"\\\\", ord("\n"): b"\\n", ord("\t"): b"\\t", ord("\r"):
 
 
 def escape_payload(payload: bytes) -> bytes:
-    """The payload on one line: backslash, newline, tab and carriage return escaped as
-    ``\\\\``, ``\\n``, ``\\t`` and ``\\r``; every other byte as it is."""
-    if not any(b in payload for b in (b"\\", b"\n", b"\t", b"\r")):
+    """The payload on one line. Without a line break (``\\n`` or ``\\r``) it is the payload
+    itself, backslashes and tabs included (a line splits at its first tab into the claim
+    and the payload): JSON and text come out as they were published. A payload holding a
+    line break is written escaped instead, backslash, newline, tab and carriage return as
+    ``\\\\``, ``\\n``, ``\\t`` and ``\\r``."""
+    if b"\n" not in payload and b"\r" not in payload:
         return payload
     return b"".join(_ESCAPES.get(byte, bytes((byte,))) for byte in payload)
 
 
 def unescape_payload(line: bytes) -> bytes:
-    """The inverse of :func:`escape_payload` (for scripts and tests)."""
+    """The inverse of :func:`escape_payload` for a payload that held a line break (one
+    printed as it is has nothing to undo: tell them apart with ``-o json``)."""
     out = bytearray()
     i = 0
     reverse = {b"\\": b"\\", b"n": b"\n", b"t": b"\t", b"r": b"\r"}
@@ -318,7 +322,7 @@ def unescape_payload(line: bytes) -> bytes:
 
 
 def emit_line(prefix: str, payload: bytes) -> None:
-    """``prefix<TAB>escaped payload`` on stdout, payload bytes untouched otherwise."""
+    """``prefix<TAB>payload`` on stdout, the payload escaped only if it holds a line break."""
     click.echo(prefix.encode() + b"\t" + escape_payload(payload) + b"\n", nl=False)
 
 

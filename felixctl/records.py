@@ -26,8 +26,8 @@ from felixctl.common import (
 )
 
 ESCAPE_NOTE = (
-    "Payloads are printed as they are, except that a backslash, newline, tab or carriage return "
-    "inside one is written as \\\\, \\n, \\t or \\r, so that every record stays on one line. "
+    "Payloads are printed as they are; one holding a line break is written escaped (backslash, newline, "
+    "tab and carriage return as \\\\, \\n, \\t and \\r) so that every record stays on one line. "
     "-o json gives the exact payloads."
 )
 

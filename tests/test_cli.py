@@ -366,6 +366,18 @@ def test_poll_prints_claims_and_escaped_payloads(jobs: Run) -> None:
     assert [(d["claim"], d["payload"]) for d in doc] == [("0:1:1", "second")]
 
 
+def test_poll_prints_json_and_text_payloads_as_published(jobs: Run) -> None:
+    """Without a line break a payload is printed as it is: JSON escapes, Windows paths
+    and tabs come out unchanged, and the line splits at its first tab."""
+    payloads = ['{"note":"say \\"hi\\"\\nbye","path":"C:\\\\tmp"}', "a\tb\\tc"]
+    for payload in payloads:
+        ok(jobs("pub", "jobs", payload))
+    out = ok(jobs("group", "poll", "jobs", "workers", "--max", "5"))
+    lines = [line.split("\t", 1) for line in out.splitlines()]
+    assert lines == [["0:0:1", payloads[0]], ["0:1:1", payloads[1]]]
+    assert json.loads(lines[0][1]) == {"note": 'say "hi"\nbye', "path": "C:\\tmp"}
+
+
 def test_poll_unknown_stream_and_group(jobs: Run) -> None:
     failed(jobs("group", "poll", "nope", "workers"), "nope")
     failed(jobs("group", "poll", "jobs", "nope"), "nope")
@@ -512,8 +524,13 @@ def test_group_keys(jobs: Run, backend: tuple[str, Any]) -> None:
 # -- escaping
 
 
-@pytest.mark.parametrize("payload", [b"", b"plain", b"a\nb", b"\\n", b"\t\r\n\\", b"\xff\x00\\\\x", b"end\\"])
-def test_escape_round_trips_and_stays_on_one_line(payload: bytes) -> None:
+@pytest.mark.parametrize("payload", [b"", b"plain", b"\\n", b"a\tb", b"\xff\x00\\\\x", b"end\\"])
+def test_a_payload_without_a_line_break_is_printed_as_it_is(payload: bytes) -> None:
+    assert escape_payload(payload) == payload
+
+
+@pytest.mark.parametrize("payload", [b"a\nb", b"\t\r\n\\", b"\\n\n", b"x\r", b"\xff\n\\\\x"])
+def test_a_payload_with_a_line_break_round_trips_on_one_line(payload: bytes) -> None:
     escaped = escape_payload(payload)
     assert b"\n" not in escaped and b"\t" not in escaped and b"\r" not in escaped
     assert unescape_payload(escaped) == payload
