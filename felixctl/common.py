@@ -221,29 +221,48 @@ def by_shard(claims: Sequence[Claim]) -> dict[int, list[Claim]]:
 
 
 class ClaimRunner:
-    """Runs one operation per claim, reports failures as error lines and keeps going;
-    :meth:`finish` exits 1 if any failed."""
+    """Runs one operation per claim (or per shard's claims) and keeps going past a
+    failure; :meth:`finish` prints one ``felixctl: error:`` line for all failures and
+    exits 1. Before anything runs, :meth:`check` refuses an unknown stream or group and
+    a claim of a shard the stream does not have, so those change nothing."""
 
     def __init__(self, url: str | None) -> None:
         self.url = url
         self.failed = 0
+        self.total = 0
+        self.errors: list[str] = []
+
+    def check(self, ctl: Any, stream: str, group: str, claims: Sequence[Claim]) -> None:
+        """Fails (nothing done) on an unknown stream or group, or a claim's shard out of range."""
+        shards = len(ctl.client.group_describe(*ctl.where(stream), group).shards)
+        for claim in claims:
+            if not 0 <= claim.shard < shards:
+                raise OperationError(
+                    f"{claim}: shard {claim.shard} does not exist (stream {ctl.path(stream)} has "
+                    f"{shards} shard{'s' if shards != 1 else ''}); nothing was done"
+                )
 
     @contextlib.contextmanager
-    def each(self, label: str) -> Iterator[None]:
-        """Runs the block for the claim(s) ``label``; a FelixError is reported, not raised."""
+    def each(self, label: str, count: int = 1) -> Iterator[None]:
+        """Runs the block for the claim(s) ``label`` (``count`` of them); a FelixError is
+        remembered for :meth:`finish`, not raised."""
+        self.total += count
         try:
             yield
         except FelixError as exc:
             if isinstance(exc, felix_redis.ConnectionFailed):
                 raise
-            self.failed += 1
+            self.failed += count
             error = as_operation_error(exc, self.url)
             assert error is not None
-            OperationError(f"{label}: {error.message}").show()
+            self.errors.append(f"{label}: {error.message}")
 
     def finish(self) -> None:
-        if self.failed:
-            raise click.exceptions.Exit(1)
+        if not self.errors:
+            return
+        if self.total == self.failed == 1:
+            raise OperationError(self.errors[0])
+        raise OperationError(f"{self.failed} of {self.total} failed: " + "; ".join(self.errors))
 
 
 # -- confirmation

@@ -316,8 +316,9 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
     """
     parsed = parse_claims(claims, attempts_required=False)
     runner = ClaimRunner(ctl.url)
+    runner.check(ctl, stream, group, parsed)
     for shard, group_claims in by_shard(parsed).items():
-        with runner.each(" ".join(str(c) for c in group_claims)):
+        with runner.each(" ".join(str(c) for c in group_claims), len(group_claims)):
             done = ctl.client.group_ack_many(*ctl.where(stream), shard, group, [c.offset for c in group_claims])
             for claim, acked in zip(group_claims, done, strict=True):
                 click.echo(f"acked {claim}" if acked else f"{claim} was finished already")
@@ -341,6 +342,7 @@ def nack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], delay_ms: i
     """
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
+    runner.check(ctl, stream, group, parsed)
     for claim in parsed:
         with runner.each(str(claim)):
             dead = ctl.client.group_nack(*ctl.where(stream), claim.shard, group, str(claim), delay=delay_ms / 1000)
@@ -365,6 +367,7 @@ def extend(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], by_ms: in
     """Extend leases, for slow work."""
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
+    runner.check(ctl, stream, group, parsed)
     by = None if by_ms is None else by_ms / 1000
     for claim in parsed:
         with runner.each(str(claim)):
@@ -387,6 +390,7 @@ def dead_letter(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...], reas
     """
     parsed = parse_claims(claims)
     runner = ClaimRunner(ctl.url)
+    runner.check(ctl, stream, group, parsed)
     for claim in parsed:
         with runner.each(str(claim)):
             ctl.client.group_dead_letter(*ctl.where(stream), claim.shard, group, str(claim), reason=reason)
@@ -472,11 +476,17 @@ def _settle_dead(
                 yes=yes, what=f"{verb} --all")
         for s in shards:
             total += act(*where, s, group, None)
-    else:
-        parsed = parse_claims(records, attempts_required=False)
-        for s, claims in by_shard(parsed).items():
+        click.echo(f"{done} {total} dead letter{'s' if total != 1 else ''}")
+        return
+    parsed = parse_claims(records, attempts_required=False)
+    runner = ClaimRunner(ctl.url)
+    runner.check(ctl, stream, group, parsed)
+    for s, claims in by_shard(parsed).items():
+        # one script per shard: all of a shard's offsets, or none of them
+        with runner.each(f"shard {s}", len(claims)):
             total += act(*where, s, group, [c.offset for c in claims])
     click.echo(f"{done} {total} dead letter{'s' if total != 1 else ''}")
+    runner.finish()
 
 
 _DEAD_ARGS = click.argument("records", nargs=-1, metavar="[SHARD:OFFSET]...")

@@ -544,3 +544,47 @@ def test_group_describe_watch_refreshes(felixctl: Run) -> None:
     assert out.count("LAG") == 3
     usage = felixctl("group", "describe", "jobs", "workers", "--watch", "-o", "json")
     assert usage.exit_code == 2 and "--watch" in usage.stderr
+
+
+def test_several_claims_fail_in_one_error_line_and_bad_shards_change_nothing(felixctl: Run) -> None:
+    """A claim of a shard the stream lacks, or an unknown group, fails before anything
+    is done; claims that fail on their own are reported together in one line, after the
+    others were settled."""
+    ok(felixctl("stream", "create", "s2", "--shards", "2"))
+    ok(felixctl("group", "create", "s2", "g"))
+    for shard in (0, 0, 1):
+        ok(felixctl("pub", "s2", "x", "--shard", str(shard)))
+    polled = sorted(claims(ok(felixctl("group", "poll", "s2", "g", "--max", "5"))))
+    assert polled == ["0:0:1", "0:1:1", "1:0:1"]
+
+    line = failed(felixctl("group", "ack", "s2", "g", "0:0:1", "7:0:1"), "shard 7 does not exist", "nothing")
+    assert "7:0:1" in line
+    failed(felixctl("group", "ack", "s2", "nope", "0:0:1", "1:0:1"), "nope")
+    failed(felixctl("group", "nack", "s2", "g", "0:0:1", "2:0:1"), "shard 2 does not exist")
+    describe = json.loads(ok(felixctl("group", "describe", "s2", "g", "-o", "json")))
+    assert [s["in_flight"] for s in describe["shards"]] == [2, 1]  # nothing was acked nor nacked
+
+    result = felixctl("group", "ack", "s2", "g", "0:0:1", "1:5:1")
+    assert result.stdout == "acked 0:0:1\n"
+    line = failed(result, "1 of 2 failed", "1:5:1")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    result = felixctl("group", "nack", "s2", "g", "0:1:1", "0:1:9", "1:0:9")
+    assert result.stdout == "nacked 0:1:1\n"
+    line = failed(result, "2 of 3 failed", "0:1:9", "1:0:9")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_redrive_across_shards_reports_the_shard_that_refused(felixctl: Run) -> None:
+    ok(felixctl("stream", "create", "s2", "--shards", "2"))
+    ok(felixctl("group", "create", "s2", "g"))
+    for shard in (0, 1):
+        ok(felixctl("pub", "s2", "x", "--shard", str(shard)))
+    ok(felixctl("group", "poll", "s2", "g", "--max", "5"))
+    ok(felixctl("group", "dead-letter", "s2", "g", "0:0:1"))
+    failed(felixctl("group", "redrive", "s2", "g", "0:0", "5:0"), "shard 5 does not exist")
+    assert json.loads(ok(felixctl("group", "dead-letters", "s2", "g", "-o", "json")))[0]["offset"] == 0
+    result = felixctl("group", "redrive", "s2", "g", "0:0", "1:0")
+    assert result.stdout == "redriven 1 dead letter\n"
+    failed(result, "1 of 2 failed", "shard 1", "not a dead letter")
+    assert json.loads(ok(felixctl("group", "dead-letters", "s2", "g", "-o", "json"))) == []
