@@ -927,12 +927,16 @@ class Core:
             start_arg = check_int(start, "start offset", 0, 2**52)
         else:
             raise InvalidArgument(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
+        # a default from the environment is named as such when it is out of range
+        vt_what, attempts_what = "visibility_timeout_ms", "max_attempts"
         if visibility_timeout_ms is None:
             visibility_timeout_ms = C.env_int(C.ENV_VISIBILITY_TIMEOUT_MS, C.DEFAULT_VISIBILITY_TIMEOUT_MS)
-        vt = check_int(visibility_timeout_ms, "visibility_timeout_ms", 1, C.MAX_VISIBILITY_TIMEOUT_MS)
+            vt_what = f"visibility_timeout_ms (${C.ENV_VISIBILITY_TIMEOUT_MS})"
+        vt = check_int(visibility_timeout_ms, vt_what, 1, C.MAX_VISIBILITY_TIMEOUT_MS)
         if max_attempts is None:
             max_attempts = C.env_int(C.ENV_MAX_ATTEMPTS, C.DEFAULT_MAX_ATTEMPTS)
-        attempts = check_int(max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
+            attempts_what = f"max_attempts (${C.ENV_MAX_ATTEMPTS})"
+        attempts = check_int(max_attempts, attempts_what, 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
         context = f"group {group} on stream {name.path}"
         group_key = name.group_keys(0, group)[0]

@@ -490,10 +490,13 @@ def test_bad_group_settings_from_environment(stream: felix_redis.Client, unchang
         monkeypatch.setenv("FELIX_GROUP_VISIBILITY_TIMEOUT_MS", "soon")
         refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2"), "FELIX_GROUP_VISIBILITY_TIMEOUT_MS")
         monkeypatch.setenv("FELIX_GROUP_VISIBILITY_TIMEOUT_MS", "0")
-        refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2"), "visibility_timeout_ms")
+        refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2"),
+                "visibility_timeout_ms ($FELIX_GROUP_VISIBILITY_TIMEOUT_MS)")
         monkeypatch.delenv("FELIX_GROUP_VISIBILITY_TIMEOUT_MS")
         monkeypatch.setenv("FELIX_GROUP_MAX_ATTEMPTS", "-3")
-        refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2"), "max_attempts")
+        refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2"), "max_attempts ($FELIX_GROUP_MAX_ATTEMPTS)")
+        # given in the call, the environment is not consulted nor named
+        refused(InvalidArgument, lambda: stream.group_create(T, N, S, "g2", max_attempts=0), "max_attempts must")
 
 
 def test_start_beyond_the_tail(stream: felix_redis.Client, unchanged: Callable[[], Any]) -> None:

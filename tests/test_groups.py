@@ -235,7 +235,9 @@ def test_settle_with_older_attempts_is_stale(client: Client, unchanged: Any, how
     client.group_nack(T, N, S, 0, G, r)
     (again,) = poll(client)
     assert again.attempts == 2
-    with unchanged(), pytest.raises(felix_redis.StaleClaim):
+    # the message names the record and the claim's attempts, never as 'OFFSET:ATTEMPTS'
+    # (which would read like a SHARD:OFFSET)
+    with unchanged(), pytest.raises(felix_redis.StaleClaim, match=r"record 0 with attempts 1 is stale.*attempts now 2"):
         settle(client, how, r)
     with unchanged(), pytest.raises(felix_redis.StaleClaim):
         settle(client, how, "0:0:3")

@@ -399,8 +399,8 @@ local function check_claim(K, S, off, attempts, now)
   end
   local current = tonumber(redis.call('HGET', K.attempts, m)) or 1
   if current ~= attempts then
-    fail('STALE_CLAIM', 'claim ' .. m .. ':' .. fmt(attempts) .. ' is stale: the record was '
-      .. 'delivered again (attempts now ' .. fmt(current) .. ')')
+    fail('STALE_CLAIM', 'the claim of record ' .. m .. ' with attempts ' .. fmt(attempts) .. ' is stale: '
+      .. 'the record was delivered again (attempts now ' .. fmt(current) .. ')')
   end
   if tonumber(expiry) <= now then
     fail('STALE_CLAIM', 'the lease on record ' .. m .. ' lapsed')
