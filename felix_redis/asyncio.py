@@ -28,7 +28,7 @@ from felix_redis.client import (
     translate,
 )
 from felix_redis.connection import async_client, default_retry_for, resolve_url
-from felix_redis.errors import ConnectionFailed, FelixError, redact_url
+from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
 from felix_redis.keys import check_record_key
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
@@ -341,7 +341,11 @@ class AsyncClient:
             return Published(s, first)
         state = core.producers.acquire()
         try:
-            return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+            try:
+                return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+            except SequenceError:
+                # as Core.publish_plain: a borrowed producer the shard forgot starts over
+                return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
         finally:
             core.producers.release(state)
 

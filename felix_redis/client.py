@@ -29,6 +29,7 @@ from felix_redis.errors import (
     FelixError,
     InvalidArgument,
     NotReplicated,
+    SequenceError,
     from_response,
     redact_url,
 )
@@ -419,7 +420,11 @@ class Client:
             return Published(s, first)
         state = core.producers.acquire()
         try:
-            return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+            try:
+                return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
+            except SequenceError:
+                # as Core.publish_plain: a borrowed producer the shard forgot starts over
+                return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
         finally:
             core.producers.release(state)
 

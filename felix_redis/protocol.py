@@ -704,7 +704,13 @@ class Core:
             return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, None))
         state = self.producers.acquire()
         try:
-            return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
+            try:
+                return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
+            except SequenceError:
+                # The shard forgot this borrowed producer's last sequences (a failover
+                # lost them): nothing was written, and the producer starts over under
+                # a new id, so this is a first publish; the caller never chose a sequence.
+                return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
         finally:
             self.producers.release(state)
 

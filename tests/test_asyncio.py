@@ -501,3 +501,21 @@ def test_a_client_of_the_other_flavour_is_refused(redis_url: str) -> None:
         fa.Client(redis.Redis.from_url(redis_url))
     with pytest.raises(felix_redis.InvalidArgument, match=r"felix_redis\.asyncio\.Client"):
         felix_redis.Client(redis.asyncio.Redis.from_url(redis_url))
+
+
+def test_plain_publish_survives_a_shard_that_forgot_its_sequences(backend: tuple[str, Any]) -> None:
+    """As the sync test in test_producer.py: the client's own publish starts over."""
+    raw = backend[1]
+
+    async def scenario(c: fa.AsyncClient, url: str) -> None:
+        await c.stream_create(T, N, S)
+        await c.publish(T, N, S, b"a", shard=0)
+        (pk,) = raw.keys("*:producer:*")
+        saved = raw.dump(pk)
+        await c.publish(T, N, S, b"b", shard=0)
+        raw.restore(pk, 0, saved, replace=True)
+        assert (await c.publish(T, N, S, b"c", shard=0)).offset == 2
+        assert (await c.publish_batch(T, N, S, [b"d"], shard=0))[0].offset == 3
+        assert [r.payload for r in await c.read(T, N, S, 0, 0)] == [b"a", b"b", b"c", b"d"]
+
+    run(backend[0], scenario)

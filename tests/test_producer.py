@@ -336,3 +336,30 @@ def test_one_producer_shared_by_threads(client: felix_redis.Client) -> None:
     for t in threads:
         t.join(30)
     assert sorted(offsets) == list(range(100))
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_batch", "publish_keyed"])
+def test_plain_publish_survives_a_shard_that_forgot_its_sequences(
+    client: felix_redis.Client, backend: tuple[str, Any], call: str
+) -> None:
+    """A failover that drops a shard's latest writes takes the producer state with them.
+    The client's own publishes (no sequence of the caller's) then start over as a new
+    producer instead of raising SequenceError: the record is written once."""
+    client.stream_create(T, N, S)
+    raw = backend[1]
+    client.publish(T, N, S, b"a", shard=0)
+    (pk,) = raw.keys("*:producer:*")
+    saved = raw.dump(pk)
+    client.publish(T, N, S, b"b", shard=0)
+    client.publish(T, N, S, b"c", shard=0)
+    raw.restore(pk, 0, saved, replace=True)  # the state as it was after "a"
+
+    if call == "publish":
+        offset = client.publish(T, N, S, b"d", shard=0).offset
+    elif call == "publish_batch":
+        offset = client.publish_batch(T, N, S, [b"d"], shard=0)[0].offset
+    else:
+        offset = client.publish_keyed(T, N, S, "k", b"d").offset
+    assert offset == 3
+    assert [r.payload for r in client.read(T, N, S, 0, 0)] == [b"a", b"b", b"c", b"d"]
+    assert client.publish(T, N, S, b"e", shard=0).offset == 4
