@@ -550,11 +550,15 @@ class Core:
             max_payload, "max_payload", 1, 512 * 1024 * 1024
         )
         needed = replicas_needed(replication, consistency)
-        if needed:
+        if replication > 1:
             # Replicas come and go (one may be down or not yet attached now): the stream is
             # created all the same, and every write raises NotReplicated while too few
-            # confirm it. Said once here, where it is cheapest to notice.
+            # confirm it. Said once here, where it is cheapest to notice. A backend that
+            # can never have a replica (memory://) refuses.
             copies = yield from self.copies(name)
+            if copies is None:
+                raise InvalidArgument(
+                    f"replication={replication}: this backend keeps a single copy (no replicas); use replication=1")
             if copies - 1 < needed:
                 log.warning(
                     "stream %s: consistency=%s waits for %d replica(s) on every write, but its primary has "
@@ -584,12 +588,13 @@ class Core:
         if kind not in ("zset", "none"):
             raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a zset; another application wrote it")
 
-    def copies(self, name: StreamName) -> Plan[int]:
-        """How many copies of a shard's keys this deployment keeps (primary + replicas)."""
+    def copies(self, name: StreamName) -> Plan[int | None]:
+        """How many copies of a shard's keys this deployment keeps now (primary + connected
+        replicas); None for a backend that cannot have replicas (memory://, no INFO)."""
         try:
             info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
         except FelixError:
-            return 1  # a backend without INFO (memory://) keeps one copy
+            return None
         if isinstance(info, dict):
             return 1 + int(info.get("connected_slaves", 0))
         text = _text(info)
