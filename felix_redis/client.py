@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import (
     AskError,
+    AuthenticationError,
     ClusterError,
     ReadOnlyError,
     RedisClusterException,
@@ -29,6 +30,7 @@ from felix_redis.errors import (
     FelixError,
     InvalidArgument,
     NotReplicated,
+    PermissionDenied,
     SequenceError,
     from_response,
     redact_url,
@@ -72,6 +74,9 @@ def translate(exc: Exception, op: Op, server: str) -> Exception:
         if mapped is None:
             return FelixError(f"{prefix}Redis error: {exc}")
         return type(mapped)(f"{prefix}{mapped}")
+    if isinstance(exc, AuthenticationError):
+        # wrong user name or password: no retry will fix it
+        return PermissionDenied(f"Redis at {server} refused the credentials: {_short(exc)}")
     return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc)}")
 
 
