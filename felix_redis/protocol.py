@@ -29,6 +29,7 @@ from felix_redis.errors import (
     InvalidArgument,
     NotFound,
     NotReplicated,
+    PermissionDenied,
     SequenceError,
     WrongKeyType,
 )
@@ -44,6 +45,7 @@ from felix_redis.keys import (
 from felix_redis.models import (
     DeadLetter,
     GroupInfo,
+    Published,
     Record,
     ShardState,
     StreamInfo,
@@ -219,8 +221,9 @@ def as_bytes(payload: object, what: str = "payload") -> bytes:
 
 
 def check_list(value: object, what: str) -> list[Any]:
-    """``value`` as a list, refusing str/bytes (iterable, but never meant as a list)."""
-    if isinstance(value, (str, bytes, bytearray, memoryview)) or not isinstance(value, Iterable):
+    """``value`` as a list, refusing str/bytes and Published (iterable, but never meant
+    as a list: a Published would pass for the offsets (shard, offset))."""
+    if isinstance(value, (str, bytes, bytearray, memoryview, Published)) or not isinstance(value, Iterable):
         raise InvalidArgument(f"{what} must be a list, got {type(value).__name__}")
     return list(value)
 
@@ -559,7 +562,7 @@ class Core:
             if copies is None:
                 raise InvalidArgument(
                     f"replication={replication}: this backend keeps a single copy (no replicas); use replication=1")
-            if copies - 1 < needed:
+            if copies and copies - 1 < needed:
                 log.warning(
                     "stream %s: consistency=%s waits for %d replica(s) on every write, but its primary has "
                     "%d connected now: writes will raise NotReplicated until there are enough",
@@ -590,11 +593,18 @@ class Core:
 
     def copies(self, name: StreamName) -> Plan[int | None]:
         """How many copies of a shard's keys this deployment keeps now (primary + connected
-        replicas); None for a backend that cannot have replicas (memory://, no INFO)."""
+        replicas); 0 when it cannot tell (a user without ``+info``); None for a backend
+        that cannot have replicas (memory://, which has no INFO command)."""
         try:
             info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
-        except FelixError:
-            return None
+        except PermissionDenied:
+            return 0
+        except (ConnectionFailed, NotReplicated):
+            raise
+        except FelixError as exc:
+            if "unknown command" in str(exc).lower():
+                return None
+            raise
         if isinstance(info, dict):
             return 1 + int(info.get("connected_slaves", 0))
         text = _text(info)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import logging
 import os
+import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, TypeVar
@@ -250,11 +252,15 @@ class ClaimRunner:
         try:
             yield
         except FelixError as exc:
-            if isinstance(exc, felix_redis.ConnectionFailed):
-                raise
             self.failed += count
             error = as_operation_error(exc, self.url)
             assert error is not None
+            if isinstance(exc, felix_redis.ConnectionFailed) and self.errors:
+                # the rest cannot be tried: stop, still naming what failed before
+                self.errors.append(f"{label}: {error.message}; stopped there")
+                self.finish()
+            if isinstance(exc, felix_redis.ConnectionFailed):
+                raise
             self.errors.append(f"{label}: {error.message}")
 
     def finish(self) -> None:
@@ -276,11 +282,35 @@ def at_terminal() -> bool:
 def confirm(question: str, *, yes: bool, what: str) -> None:
     """Asks ``question`` on stderr when a person is at a terminal, unless ``yes``. Run
     from a script (stdin not a terminal: CI, cron, a pipe) the command goes ahead as
-    written; nothing waits for an answer that will not come."""
-    if yes or not at_terminal():
+    written, unless an answer is already waiting on stdin (``echo n | felixctl ...``):
+    then that answer decides. Nothing waits for an answer that will not come."""
+    if yes:
         return
-    if not click.confirm(question, default=False, err=True):
-        raise OperationError(f"{what} not confirmed; nothing was changed")
+    if at_terminal():
+        if not click.confirm(question, default=False, err=True):
+            raise OperationError(f"{what} not confirmed; nothing was changed")
+        return
+    answer = _waiting_line(sys.stdin)
+    if answer is not None and answer.strip().lower() not in ("y", "yes"):
+        raise OperationError(f"{what} not confirmed (stdin answered {answer.strip()[:20]!r}); nothing was changed")
+
+
+def _waiting_line(stdin: IO[str]) -> str | None:
+    """A line already written to a non-terminal stdin, without waiting for one (None:
+    nothing there yet, or at end of file)."""
+    try:
+        fd = stdin.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        fd = None  # an in-memory stream (click's test runner): reading it never blocks
+    if fd is not None:
+        try:
+            ready, _, _ = select.select([fd], [], [], 0)
+        except (OSError, ValueError):
+            return None
+        if not ready:
+            return None
+    line = stdin.readline()
+    return line if line.strip() else None
 
 
 # -- library warnings

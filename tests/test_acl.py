@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -356,3 +357,19 @@ def test_a_role_may_not_prune_libraries(admin: felix_redis.Client, make_user: An
     assert {x[1] for x in raw.function_list()} == {old.encode(), felix_redis.scripts.library().name.encode()}
     with pytest.raises(PermissionDenied):
         u.prune_libraries()
+
+
+def test_create_without_info_permission_makes_the_stream(raw: redis.Redis, redis_url: str,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A user who may not run INFO cannot tell how many replicas there are: the stream
+    is made all the same, without a warning (nothing known to warn about)."""
+    user = f"felixnoinfo{os.getpid()}"
+    raw.execute_command("ACL", "SETUSER", user, "on", f">{PW}", "~*", "&*", "+@all", "-info")
+    try:
+        with felix_redis.connect(user_url(redis_url, user)) as c, \
+                caplog.at_level(logging.WARNING, logger="felix_redis"):
+            assert c.stream_create("acme", "prod", "noinfo", replication=2, consistency="quorum")
+            assert c.stream_describe("acme", "prod", "noinfo").replication == 2
+        assert not caplog.records
+    finally:
+        raw.execute_command("ACL", "DELUSER", user)

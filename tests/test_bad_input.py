@@ -976,3 +976,16 @@ def test_stream_delete_over_wrong_type_group_keys(role: str, stream: felix_redis
         refused(WrongKeyType, lambda: stream.stream_delete(T, N, S), key)
 
 
+
+
+def test_a_published_is_not_a_list_of_offsets(client: felix_redis.Client, unchanged: Callable[[], Any]) -> None:
+    """Published is a tuple (shard, offset); passed where a list of offsets goes it would
+    name offsets 'shard' and 'offset': refused, nothing changed."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, "g")
+    published = client.publish(T, N, S, b"x")
+    with unchanged():
+        for call in (lambda: client.group_discard(T, N, S, 0, "g", published),
+                     lambda: client.group_redrive(T, N, S, 0, "g", published),
+                     lambda: client.group_ack_many(T, N, S, 0, "g", published)):
+            refused(InvalidArgument, call, "must be a list", "Published")

@@ -588,3 +588,33 @@ def test_redrive_across_shards_reports_the_shard_that_refused(felixctl: Run) -> 
     assert result.stdout == "redriven 1 dead letter\n"
     failed(result, "1 of 2 failed", "shard 1", "not a dead letter")
     assert json.loads(ok(felixctl("group", "dead-letters", "s2", "g", "-o", "json"))) == []
+
+
+def test_an_answer_waiting_on_stdin_decides(jobs: Run) -> None:
+    """No terminal, but an answer piped in (echo n | felixctl ...): it decides."""
+    ok(jobs("pub", "jobs", "a"))
+    ok(jobs("group", "poll", "jobs", "workers"))
+    ok(jobs("group", "dead-letter", "jobs", "workers", "0:0:1"))
+    failed(jobs("group", "discard", "jobs", "workers", "--all", input="n\n"), "not confirmed", "'n'")
+    assert len(json.loads(ok(jobs("group", "dead-letters", "jobs", "workers", "-o", "json")))) == 1
+    assert ok(jobs("group", "discard", "jobs", "workers", "--all", input="yes\n")) == "discarded 1 dead letter\n"
+
+
+def test_a_lost_connection_still_reports_the_claims_that_failed_before(
+    jobs: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for _ in range(3):
+        ok(jobs("pub", "jobs", "x"))
+    assert claims(ok(jobs("group", "poll", "jobs", "workers", "--max", "3"))) == ["0:0:1", "0:1:1", "0:2:1"]
+    real = felix_redis.Client.group_nack
+
+    def flaky(self: felix_redis.Client, *args: Any, **kwargs: Any) -> bool:
+        if str(args[5]) == "0:2:1":
+            raise felix_redis.ConnectionFailed("cannot reach Redis at redis://127.0.0.1:1/0: simulated")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(felix_redis.Client, "group_nack", flaky)
+    result = jobs("group", "nack", "jobs", "workers", "0:0:1", "0:1:7", "0:2:1")
+    assert result.stdout == "nacked 0:0:1\n"
+    line = failed(result, "2 of 3 failed", "0:1:7", "0:2:1", "cannot reach Redis", "stopped there")
+    assert len(result.stderr.strip().splitlines()) == 1, line
