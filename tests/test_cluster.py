@@ -273,9 +273,13 @@ def test_felixctl_on_a_cluster_url(client: felix_redis.Client, cluster: ClusterT
     polled = felixctl("group", "poll", stream, "workers", "--max", "6")
     assert polled.returncode == 0, polled.stderr
     assert len(polled.stdout.splitlines()) == SHARDS
-    refused = felixctl("stream", "create", "big", "--shards", "2", "--replication", "3", "--consistency", "quorum")
-    assert refused.returncode == 1
-    assert refused.stderr.startswith("felixctl: error:") and "replication=3" in refused.stderr
+    # quorum of 3 copies waits for one replica, which every primary has: made, no warning
+    big = felixctl("stream", "create", "big", "--shards", "2", "--replication", "3", "--consistency", "quorum")
+    assert big.returncode == 0 and big.stderr == "", big.stderr
+    # all of 3 waits for two: made too, with the warning
+    big_all = felixctl("stream", "create", "big-all", "--shards", "2", "--replication", "3", "--consistency", "all")
+    assert big_all.returncode == 0
+    assert big_all.stderr.startswith("felixctl: warning:") and "waits for 2 replica(s)" in big_all.stderr
 
 
 def test_prune_libraries_on_every_primary(client: felix_redis.Client) -> None:
