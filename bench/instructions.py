@@ -6,7 +6,10 @@ replies) for the same work done by felix-redis and by raw Redis Streams commands
 - a drain batch: ``group_poll(max_records=B, ack=the previous batch)`` (and, for
   comparison, ``group_poll`` + ``group_ack_many`` as two calls) against
   ``XREADGROUP COUNT B`` + ``XACK``, for each B given;
-- one ``publish`` against one ``XADD``;
+- one ``publish`` against one ``XADD``; beside them a plain publish (a client made with
+  ``idempotent_publish=False``), an empty function call, and a function doing only what
+  a publish with dense offsets must (role check, ``HMGET`` of the tail, ``TIME``,
+  ``XADD``, ``HSET`` of the tail): what any publish script costs at the least;
 - with ``--held N``: ``group_poll(16, ack=...)`` while N records stay in flight below the
   group's position (the acks of later records are then remembered in its done set).
 
@@ -45,6 +48,20 @@ from bench.report import emit
 
 T, N, S, G, G2 = "bench", "bench", "jobs", "g", "g2"
 PAYLOAD = b"x" * 64
+#: The least a publish script can do (KEYS: meta hash, log stream; ARGV: payload), and
+#: an empty function: what the script call itself costs.
+FLOOR_LIBRARY = """#!lua name=felixbench_floor
+redis.register_function('felixbench_empty', function(keys, args) return 1 end)
+redis.register_function('felixbench_publish', function(keys, args)
+  if redis.acl_check_cmd then redis.acl_check_cmd('EVALSHA', '0', '1', keys[1] .. ':cap') end
+  local m = redis.call('HMGET', keys[1], 'tail', 'max_payload', 'created', 'first')
+  local t = redis.call('TIME')
+  local ms = t[1] .. string.sub(t[2], 1, 3)
+  redis.call('XADD', keys[2], m[1] .. '-' .. ms, 'p', args[1])
+  redis.call('HSET', keys[1], 'tail', string.format('%d', tonumber(m[1]) + 1))
+  return {tonumber(m[1]), 1, ms, 0, m[4]}
+end)
+"""
 
 
 class Callgrind:
@@ -212,9 +229,21 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
         publishes = rounds * 3
         felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes), "publish")
         floor = cg.count(repeat(lambda: raw.xadd("rawpub", {"p": PAYLOAD}), publishes), "raw_xadd")
+        plain_client = felix_redis.connect(cg.url, idempotent_publish=False)
+        plain_client.publish(T, N, "pub", PAYLOAD)  # settings cached before counting
+        plain = cg.count(repeat(lambda: plain_client.publish(T, N, "pub", PAYLOAD), publishes), "publish_plain")
+        plain_client.close()
+        raw.function_load(FLOOR_LIBRARY, replace=True)
+        raw.hset("{floor}:meta", mapping={"tail": 0, "max_payload": 1 << 20, "created": 1, "first": 0})
+        empty = cg.count(repeat(lambda: raw.fcall("felixbench_empty", 0), publishes), "empty_function")
+        least = cg.count(repeat(lambda: raw.fcall("felixbench_publish", 2, "{floor}:meta", "{floor}:log", PAYLOAD),
+                                publishes), "least_publish_script")
         out["publish"] = {
             "felix_per_call": round(felix / publishes), "raw_per_call": round(floor / publishes),
             "felix_over_raw": round(felix / floor, 2),
+            "felix_plain_per_call": round(plain / publishes),
+            "empty_function_per_call": round(empty / publishes),
+            "least_publish_script_per_call": round(least / publishes),
         }
         client.close()
     return out

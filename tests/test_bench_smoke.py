@@ -180,7 +180,13 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     # --keep: one callgrind dump per part, named
     assert {p.name for p in kept.iterdir()} == {
         "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind",
-        "poll_16_held_8.callgrind", "publish.callgrind", "raw_xadd.callgrind"}
+        "poll_16_held_8.callgrind", "publish.callgrind", "raw_xadd.callgrind", "publish_plain.callgrind",
+        "empty_function.callgrind", "least_publish_script.callgrind"}
+    # instruction counts repeat exactly: the least a publish script does costs less than
+    # felix's plain publish, which costs less than the default one (producer state too)
+    pub = data["publish"]
+    assert pub["empty_function_per_call"] < pub["least_publish_script_per_call"] < pub["felix_plain_per_call"]
+    assert pub["felix_plain_per_call"] < pub["felix_per_call"]
 
 
 def test_scale_figures_run_end_to_end() -> None:
