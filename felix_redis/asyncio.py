@@ -61,7 +61,21 @@ async def _areply(conn: Any) -> Any:
         return exc
 
 
-class AsyncClient:
+_Self = TypeVar("_Self", bound="_AwaitsToItself")
+
+
+class _AwaitsToItself:
+    """``await obj`` gives ``obj``: what the asyncio client hands out at once can be
+    awaited like every other call (``await connect(url)``, ``await client.group_sharded(...)``)."""
+
+    def __await__(self: _Self) -> Generator[Any, None, _Self]:
+        return self._itself().__await__()
+
+    async def _itself(self: _Self) -> _Self:
+        return self
+
+
+class AsyncClient(_AwaitsToItself):
     """Streams, groups and records on one Redis deployment, for asyncio code.
 
     ``AsyncClient(redis_asyncio_client)`` wraps an existing ``redis.asyncio`` client;
@@ -84,14 +98,6 @@ class AsyncClient:
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._runner = scripts.Runner()
-
-    def __await__(self) -> Generator[Any, None, AsyncClient]:
-        """``await connect(url)`` works as well as ``connect(url)``: the client itself
-        (it connects lazily, on the first call)."""
-        return self._itself().__await__()
-
-    async def _itself(self) -> AsyncClient:
-        return self
 
     # -- driver
 
@@ -568,16 +574,10 @@ class AsyncIdempotentProducer:
         return await self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
 
 
-class AsyncShardedGroup(ShardedGroupBase):
+class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
     """The asyncio twin of :class:`felix_redis.ShardedGroup`. ``client.group_sharded(...)``
     returns it at once; ``await client.group_sharded(...)`` works too (it resolves to the
     group itself), like every other call of the asyncio client."""
-
-    def __await__(self) -> Generator[Any, None, AsyncShardedGroup]:
-        return self._itself().__await__()
-
-    async def _itself(self) -> AsyncShardedGroup:
-        return self
 
     def __init__(
         self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,

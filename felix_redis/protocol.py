@@ -599,8 +599,6 @@ class Core:
             info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
         except PermissionDenied:
             return 0
-        except (ConnectionFailed, NotReplicated):
-            raise
         except FelixError as exc:
             if "unknown command" in str(exc).lower():
                 return None

@@ -255,13 +255,14 @@ class ClaimRunner:
             self.failed += count
             error = as_operation_error(exc, self.url)
             assert error is not None
-            if isinstance(exc, felix_redis.ConnectionFailed) and self.errors:
+            if not isinstance(exc, felix_redis.ConnectionFailed):
+                self.errors.append(f"{label}: {error.message}")
+            elif not self.errors:
+                raise
+            else:
                 # the rest cannot be tried: stop, still naming what failed before
                 self.errors.append(f"{label}: {error.message}; stopped there")
                 self.finish()
-            if isinstance(exc, felix_redis.ConnectionFailed):
-                raise
-            self.errors.append(f"{label}: {error.message}")
 
     def finish(self) -> None:
         if not self.errors:
