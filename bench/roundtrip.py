@@ -1,9 +1,13 @@
 """What server time costs a single call's round trip, on a private redis-server:
 
-- one ``XADD``, one felix-redis ``publish`` (the client's default, with its producer
-  sequence), one ``publish`` of a client made with ``idempotent_publish=False`` (no
-  producer state), one idempotent producer's ``publish_keyed``, and the plain publish
-  function called bare with redis-py (``FCALL``, no felix-redis client code around it);
+- one ``XADD`` through redis-py's ``execute_command`` (what an application does, and
+  issue 8's floor), the same ``XADD`` sent on a connection kept out of redis-py's pool
+  (``send_command`` + ``read_response``, as felix-redis's lane sends its script calls:
+  what that saves, apart from the server's work), one felix-redis ``publish`` (the
+  client's default, with its producer sequence), one ``publish`` of a client made with
+  ``idempotent_publish=False`` (no producer state), one idempotent producer's
+  ``publish_keyed``, and the plain publish function called bare with redis-py's
+  ``fcall`` (through the pool, no felix-redis client code around it);
 - a function that only spins ``N`` Lua iterations, for a few ``N``: the round trip as
   server time grows, with nothing else changing.
 
@@ -67,8 +71,15 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
         def spin(n: int) -> Callable[[], None]:
             return lambda: raw.fcall("felixbench_spin", 0, n)
 
+        kept = raw.connection_pool.get_connection()
+
+        def xadd_kept() -> None:
+            kept.send_command("XADD", "raw", "*", "p", PAYLOAD)
+            kept.read_response()
+
         parts: dict[str, tuple[str, Callable[[], None]]] = {
             "xadd": ("xadd", lambda: raw.xadd("raw", {"p": PAYLOAD})),
+            "xadd_kept_connection": ("xadd", xadd_kept),
             "publish": ("fcall", lambda: client.publish(T, N, S, PAYLOAD)),
             "publish_plain": ("fcall", lambda: plain.publish(T, N, S, PAYLOAD)),
             "producer_publish_keyed": ("fcall", lambda: producer.publish_keyed(T, N, S, f"k{next(keys)}", PAYLOAD)),
@@ -92,10 +103,13 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
                 "server_usec": round(statistics.median(server_us[key]), 2),
             }
         out["publish_over_xadd_rate"] = round(out["xadd"]["round_trip_usec"] / out["publish"]["round_trip_usec"], 3)
+        out["publish_over_xadd_kept_connection_rate"] = round(
+            out["xadd_kept_connection"]["round_trip_usec"] / out["publish"]["round_trip_usec"], 3)
         # idempotence's cost: how much slower than a publish without producer state
         for key in ("publish", "producer_publish_keyed"):
             out[f"{key}_slower_than_plain"] = round(
                 out[key]["round_trip_usec"] / out["publish_plain"]["round_trip_usec"] - 1, 3)
+        raw.connection_pool.release(kept)
         plain.close()
         client.close()
     return out

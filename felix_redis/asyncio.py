@@ -30,6 +30,7 @@ from felix_redis.client import (
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
 from felix_redis.keys import check_record_key
+from felix_redis.lane import AsyncLane, lane_pool
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
     Batch,
@@ -98,6 +99,8 @@ class AsyncClient(_AwaitsToItself):
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._runner = scripts.Runner()
+        pool = lane_pool(redis_client)
+        self._lane = AsyncLane(pool) if pool is not None else None
 
     # -- driver
 
@@ -161,10 +164,17 @@ class AsyncClient(_AwaitsToItself):
 
     async def _eval(self, op: Eval) -> Any:
         """As :meth:`felix_redis.Client._eval`, on redis.asyncio."""
-        runner = self._runner
+        runner, lane = self._runner, self._lane
         for _ in range(3):
+            command = runner.command(op.script, op.keys, op.args)
             try:
-                return await self.redis.execute_command(*runner.command(op.script, op.keys, op.args))
+                if lane is not None and not lane.in_use:
+                    lane.in_use = True
+                    try:
+                        return await lane.call(command)
+                    finally:
+                        lane.in_use = False
+                return await self.redis.execute_command(*command)
             except ResponseError as exc:
                 if runner.missing(exc):
                     await self._load(op.script)
@@ -288,6 +298,8 @@ class AsyncClient(_AwaitsToItself):
             raise translate(exc, op, self.url) from None
 
     async def close(self) -> None:
+        if self._lane is not None:
+            await self._lane.close()
         await self.redis.aclose()
 
     async def __aenter__(self) -> AsyncClient:

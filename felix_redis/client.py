@@ -36,6 +36,7 @@ from felix_redis.errors import (
     redact_url,
 )
 from felix_redis.keys import check_record_key
+from felix_redis.lane import Lane, lane_pool
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
@@ -163,6 +164,8 @@ class Client:
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else _describe(redis_client)
         self._runner = scripts.Runner()
+        pool = lane_pool(redis_client)
+        self._lane = Lane(pool) if pool is not None else None
 
     # -- driver
 
@@ -219,13 +222,20 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def _eval(self, op: Eval) -> Any:
-        """FCALL (or EVALSHA) through execute_command, with redis-py's own retries,
+        """FCALL (or EVALSHA) on the client's lane (:mod:`felix_redis.lane`) when it is
+        free, else through execute_command; either way with redis-py's own retries,
         Sentinel and Cluster routing. A server that does not hold the library (or the
         script) gets it loaded and the call again; see :class:`scripts.Runner`."""
-        runner = self._runner
+        runner, lane = self._runner, self._lane
         for _ in range(3):
+            command = runner.command(op.script, op.keys, op.args)
             try:
-                return self.redis.execute_command(*runner.command(op.script, op.keys, op.args))
+                if lane is not None and lane.lock.acquire(False):
+                    try:
+                        return lane.call(command)
+                    finally:
+                        lane.lock.release()
+                return self.redis.execute_command(*command)
             except ResponseError as exc:
                 if runner.missing(exc):
                     self._load(op.script)
@@ -357,6 +367,8 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         self.redis.close()
 
     def __enter__(self) -> Client:

@@ -214,7 +214,7 @@ def test_round_trip_figures_run_end_to_end() -> None:
     from bench import roundtrip
 
     data = roundtrip.measure(calls=20, rounds=1)
-    parts = ["xadd", "publish", "publish_plain", "producer_publish_keyed", "bare_publish_fcall",
+    parts = ["xadd", "xadd_kept_connection", "publish", "publish_plain", "producer_publish_keyed", "bare_publish_fcall",
              *(f"spin_{n}" for n in roundtrip.SPINS)]
     for part in parts:
         assert data[part]["round_trip_usec"] > 0 and data[part]["server_usec"] > 0, part
@@ -222,4 +222,7 @@ def test_round_trip_figures_run_end_to_end() -> None:
     for part in ("publish", "producer_publish_keyed"):
         assert data[f"{part}_slower_than_plain"] == round(data[part]["round_trip_usec"] / plain - 1, 3), part
     assert data["spin_10000"]["server_usec"] > data["spin_0"]["server_usec"]
-    assert data["publish_over_xadd_rate"] > 0
+    assert data["publish_over_xadd_rate"] == round(
+        data["xadd"]["round_trip_usec"] / data["publish"]["round_trip_usec"], 3)
+    assert data["publish_over_xadd_kept_connection_rate"] == round(
+        data["xadd_kept_connection"]["round_trip_usec"] / data["publish"]["round_trip_usec"], 3)

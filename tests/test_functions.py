@@ -13,6 +13,7 @@ from click.testing import CliRunner
 import felix_redis
 import felix_redis.asyncio as fa
 from felix_redis import scripts
+from felix_redis.testing.server import RedisServer
 from felixctl.cli import cli
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
@@ -113,21 +114,27 @@ def test_evalsha_mode_runs_the_same_scripts(setup: felix_redis.Client, raw: redi
     assert calls(raw, "evalsha") > 0 and calls(raw, "fcall") == 0
 
 
-def test_a_server_without_functions_gets_evalsha(setup: felix_redis.Client, raw: redis.Redis,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """FCALL refused as an unknown command (renamed away, an older server): EVALSHA from then on."""
-    c = setup
-    real = c.redis.execute_command
-
-    def no_fcall(*args: Any, **kwargs: Any) -> Any:
-        if args[0] == "FCALL":
-            raise redis.ResponseError("unknown command 'FCALL', with args beginning with: ")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(c.redis, "execute_command", no_fcall)
-    c.publish(T, N, S, b"x", shard=0)
-    assert not c._runner.functions
-    assert [r.payload for r in c.group_poll(T, N, S, 0, G, max_records=2)] == [b"x"]
+def test_a_server_without_functions_gets_evalsha() -> None:
+    """FCALL refused as an unknown command (renamed away here, or an older server):
+    EVALSHA from then on, on the client's lane and through the pool alike."""
+    with RedisServer(extra=["--rename-command", "FCALL", ""]) as server:
+        c = felix_redis.connect(server.url)
+        try:
+            c.stream_create(T, N, S, shards=2)
+            c.group_create(T, N, S, G)
+            c.publish(T, N, S, b"x", shard=0)
+            assert not c._runner.functions
+            assert [r.payload for r in c.group_poll(T, N, S, 0, G, max_records=2)] == [b"x"]
+            # the same with the lane taken (another thread's call): through the pool
+            c2 = felix_redis.connect(server.url)
+            assert c2._lane is not None
+            with c2._lane.lock:
+                c2.publish(T, N, S, b"y", shard=1)
+                assert not c2._runner.functions
+                assert [r.payload for r in c2.group_poll(T, N, S, 1, G, max_records=2)] == [b"y"]
+            c2.close()
+        finally:
+            c.close()
 
 
 def test_read_only_operations_run_when_writes_are_refused(setup: felix_redis.Client, raw: redis.Redis) -> None:

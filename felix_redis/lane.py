@@ -1,0 +1,181 @@
+"""A connection kept out of redis-py's pool for the script calls of a client.
+
+Every ``execute_command`` borrows a connection from the pool and gives it back: the pool
+takes its lock, checks the process id, asks the socket whether unread data is waiting (a
+system call) and records metrics, both ways. On a loopback Redis that is a fifth of a
+script call's round trip (``bench/roundtrip.py``). A client's script calls (``FCALL`` /
+``EVALSHA``: publish, poll, ack and the rest; never a blocking read) go instead through
+one connection the client borrowed once and keeps: the *lane*. It is used by one call at
+a time; a call that finds it busy (another thread's, or another task's) goes through the
+pool as before, so nothing ever waits for the lane.
+
+What the pool's checks guarded against is handled here:
+
+- a reply left unread (a call interrupted between sending and reading, by an exception
+  or a cancelled task): redis-py disconnects on any exception while sending or
+  reading, and the lane marks itself busy around each call, so a call that never
+  finished leaves it marked and the next one reconnects first;
+- a connection the server closed (``timeout`` in redis.conf, ``CLIENT KILL``, a
+  restart): before each call the lane asks the socket, as the pool does at each
+  checkout, whether anything is waiting on it (a closed socket reads as such) and
+  reconnects if so; a call is never sent on a connection known to be dead;
+- a fork: a child process never uses its parent's lane connection, it borrows its own;
+- lost connections: the call goes through the connection's own ``retry`` (redis-py's
+  ``Retry``: the same attempts and backoff ``execute_command`` makes), disconnecting
+  before each new attempt.
+
+Not used for Redis Cluster (``RedisCluster`` routes every call by slot), ``memory://``
+(fakeredis), single-connection clients, nor pools of fewer than 4 connections (the lane
+would hold one of the few).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+__all__ = ["AsyncLane", "Lane", "lane_pool"]
+
+def lane_pool(raw: Any) -> Any:
+    """The connection pool a lane may borrow from, or None when the client is not one
+    a lane suits (see the module's docstring)."""
+    if hasattr(raw, "get_node_from_key") or type(raw).__module__.split(".", 1)[0] == "fakeredis":
+        return None
+    if getattr(raw, "connection", None) is not None or getattr(raw, "single_connection_client", False):
+        return None
+    pool = getattr(raw, "connection_pool", None)
+    if pool is None or not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
+        return None
+    if type(pool).__module__.split(".", 1)[0] != "redis":
+        return None
+    if int(getattr(pool, "max_connections", None) or 2**31) < 4:
+        return None
+    return pool
+
+
+class Lane:
+    """The lane of a synchronous client. A caller takes :attr:`lock` without waiting
+    (``lock.acquire(False)``) and, when it got it, calls :meth:`call`; otherwise it uses
+    ``execute_command``."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.conn: Any = None
+        self.busy = False
+        # [connection, pid]: what the finalizer gives back when the lane is dropped
+        # unclosed (it must not hold the lane itself)
+        self._held: list[Any] = [None, 0]
+        self._finalizer = weakref.finalize(self, _give_back, pool, self._held)
+
+    def call(self, args: tuple[Any, ...] | list[Any]) -> Any:
+        """Sends ``args`` on the lane and returns the reply; an error reply raises, as
+        from ``execute_command``. The caller holds :attr:`lock`."""
+        conn = self._connection()
+        self.busy = True
+        try:
+            reply = conn.retry.call_with_retry(lambda: _send_read(conn, args), lambda _error: conn.disconnect())
+        except ResponseError:
+            self.busy = False  # the whole error reply was read
+            raise
+        self.busy = False
+        if conn.should_reconnect():
+            conn.disconnect()
+        return reply
+
+    def _connection(self) -> Any:
+        conn = self.conn
+        if conn is None or self._held[1] != os.getpid():
+            # first use, or a forked child: borrow a connection of this process (the
+            # parent's stays the parent's)
+            conn = self.conn = self.pool.get_connection()
+            self._held[:] = [conn, os.getpid()]
+            if not self._finalizer.alive:  # used again after close()
+                self._finalizer = weakref.finalize(self, _give_back, self.pool, self._held)
+            self.busy = False
+        elif self.busy:
+            conn.disconnect()  # the last call never read its reply
+            self.busy = False
+        else:
+            try:
+                if conn.can_read():
+                    conn.disconnect()
+            except Exception:  # as the pool does: any doubt, reconnect
+                conn.disconnect()
+        return conn
+
+    def close(self) -> None:
+        """Gives the connection back to the pool."""
+        with self.lock:
+            self.conn = None
+            self._finalizer()
+
+
+def _give_back(pool: Any, held: list[Any]) -> None:
+    conn, pid = held
+    held[:] = [None, 0]
+    if conn is not None and pid == os.getpid():
+        with contextlib.suppress(Exception):  # the pool may be closed already
+            pool.release(conn)
+
+
+def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    conn.send_command(*args)
+    return conn.read_response()
+
+
+class AsyncLane:
+    """The lane of an asyncio client: tasks of one event loop, so a flag is the lock. A
+    caller that finds :attr:`in_use` false sets it, awaits :meth:`call` and clears it."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.conn: Any = None
+        self.busy = False
+        self.in_use = False
+
+    async def call(self, args: tuple[Any, ...] | list[Any]) -> Any:
+        conn = await self._connection()
+        self.busy = True
+        try:
+            reply = await conn.retry.call_with_retry(lambda: _async_send_read(conn, args),
+                                                     lambda _error: conn.disconnect())
+        except ResponseError:
+            self.busy = False
+            raise
+        self.busy = False
+        if conn.should_reconnect():
+            await conn.disconnect()
+        return reply
+
+    async def _connection(self) -> Any:
+        conn = self.conn
+        if conn is None:
+            conn = self.conn = await self.pool.get_connection()
+            self.busy = False
+        elif self.busy:
+            await conn.disconnect()  # the last call never read its reply (cancelled)
+            self.busy = False
+        else:
+            try:
+                if await conn.can_read():
+                    await conn.disconnect()
+            except Exception:  # as the pool does: any doubt, reconnect
+                await conn.disconnect()
+        return conn
+
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+
+
+async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    await conn.send_command(*args)
+    return await conn.read_response()
