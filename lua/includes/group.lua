@@ -224,6 +224,10 @@ local function finish_many(K, S, ms, offs, aligned)
   if aligned and offs[1] == start_pos and offs[n] == start_pos + n - 1 then
     -- ascending and without repeats: a contiguous run from the position (in-order acks)
     S.pos = start_pos + n
+  elseif aligned and offs[1] > start_pos then
+    -- ascending, all above the position (a record before them is still unfinished, the
+    -- usual case while one is held back): all remembered in the done set, as given
+    above = ms
   else
     for i, off in ipairs(offs) do
       if off < start_pos then
