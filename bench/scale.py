@@ -213,7 +213,9 @@ def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 
         shapes = {"plain": (0, 0), "cost": (dead, held), "dead_only": (dead, 0), "held_only": (0, held)}
         for stream, (dead_n, held_n) in shapes.items():
             client.stream_create(T, N, stream)
-            client.group_create(T, N, stream, "g", max_attempts=1)
+            # leases that outlive the run: the records held in flight must not lapse
+            # (and, at max_attempts=1, turn into dead letters) while it is measured
+            client.group_create(T, N, stream, "g", max_attempts=1, visibility_timeout_ms=3_600_000)
             publish(client, stream, dead_n + held_n + polls * 16 + 16)
             done = 0
             while done < dead_n:  # dead letters: a nack at max_attempts=1 dead-letters

@@ -24,9 +24,21 @@ What the pool's checks guarded against is handled here:
   ``Retry``: the same attempts and backoff ``execute_command`` makes), disconnecting
   before each new attempt.
 
+- Sentinel: a connection still on a primary that the sentinels have since replaced
+  (the pool learned the new address) is dropped before the next call, as the pool
+  drops its idle ones.
+
 Not used for Redis Cluster (``RedisCluster`` routes every call by slot), ``memory://``
-(fakeredis), single-connection clients, nor pools of fewer than 4 connections (the lane
-would hold one of the few).
+(fakeredis), single-connection clients, RESP3 clients (``protocol=3``: their pushes are
+redis-py's to handle), client-side caching, nor pools of fewer than 4 connections (each
+client's lane holds one of them, so several clients on one small pool would take them
+all).
+
+The synchronous lane borrows its connection from the pool (and gives it back on
+``close()`` or when the client is garbage-collected). The asyncio lane makes a
+connection of its own with the pool's settings, outside the pool's count: a dropped
+asyncio client cannot give a connection back without an event loop, so it never holds
+one of the pool's; ``close()`` closes it, after the call using it, if any, is done.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from redis.exceptions import ResponseError
 
 __all__ = ["AsyncLane", "Lane", "lane_pool"]
 
+
 def lane_pool(raw: Any) -> Any:
     """The connection pool a lane may borrow from, or None when the client is not one
     a lane suits (see the module's docstring)."""
@@ -54,6 +67,12 @@ def lane_pool(raw: Any) -> Any:
     if type(pool).__module__.split(".", 1)[0] != "redis":
         return None
     if int(getattr(pool, "max_connections", None) or 2**31) < 4:
+        return None
+    # RESP3 connections carry pushes (client-side caching invalidations, maintenance
+    # notifications) that redis-py handles on its own terms; the lane would take a
+    # waiting push for a dead connection
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if str(kwargs.get("protocol") or 2) == "3" or getattr(pool, "cache", None) is not None:
         return None
     return pool
 
@@ -83,9 +102,11 @@ class Lane:
         except ResponseError:
             self.busy = False  # the whole error reply was read
             raise
-        self.busy = False
-        if conn.should_reconnect():
-            conn.disconnect()
+        else:
+            self.busy = False
+        finally:
+            if conn.should_reconnect():
+                conn.disconnect()
         return reply
 
     def _connection(self) -> Any:
@@ -98,8 +119,8 @@ class Lane:
             if not self._finalizer.alive:  # used again after close()
                 self._finalizer = weakref.finalize(self, _give_back, self.pool, self._held)
             self.busy = False
-        elif self.busy:
-            conn.disconnect()  # the last call never read its reply
+        elif self.busy or _stale_primary(self.pool, conn):
+            conn.disconnect()  # the last call never read its reply, or a failover
             self.busy = False
         else:
             try:
@@ -148,18 +169,24 @@ class AsyncLane:
         except ResponseError:
             self.busy = False
             raise
-        self.busy = False
-        if conn.should_reconnect():
-            await conn.disconnect()
+        else:
+            self.busy = False
+        finally:
+            if self.conn is not conn:
+                await conn.disconnect()  # the client was closed while this call ran
+            elif conn.should_reconnect():
+                await conn.disconnect()
         return reply
 
     async def _connection(self) -> Any:
         conn = self.conn
         if conn is None:
-            conn = self.conn = await self.pool.get_connection()
+            # a connection of the lane's own (see the module's docstring)
+            conn = self.conn = self.pool.make_connection()
+            await conn.connect()
             self.busy = False
-        elif self.busy:
-            await conn.disconnect()  # the last call never read its reply (cancelled)
+        elif self.busy or _stale_primary(self.pool, conn):
+            await conn.disconnect()  # the last call never read its reply (cancelled), or a failover
             self.busy = False
         else:
             try:
@@ -170,10 +197,17 @@ class AsyncLane:
         return conn
 
     async def close(self) -> None:
+        """Closes the lane's connection; one a call is using is closed when it is done."""
         conn, self.conn = self.conn, None
-        if conn is not None:
+        if conn is not None and not self.in_use:
             with contextlib.suppress(Exception):
-                await self.pool.release(conn)
+                await conn.disconnect()
+
+
+def _stale_primary(pool: Any, conn: Any) -> bool:
+    """A Sentinel pool that has learned of a new primary, and a connection to another."""
+    address = getattr(pool, "master_address", None)
+    return address is not None and conn.host is not None and (conn.host, conn.port) != tuple(address)
 
 
 async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:

@@ -264,3 +264,89 @@ def test_async_connection_closed_by_the_server_is_replaced(raw: redis.Redis, red
 
     asyncio.run(main())
     assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
+
+
+def test_dropped_async_clients_hold_none_of_a_shared_pool(raw: redis.Redis, redis_url: str) -> None:
+    """Async clients made and dropped without close() on one shared pool of 5: the
+    lane's connection is its own, never one of the pool's, so none is lost."""
+    import redis.asyncio as aioredis
+
+    async def main() -> None:
+        shared = aioredis.Redis(connection_pool=aioredis.ConnectionPool.from_url(redis_url, max_connections=5))
+        try:
+            for i in range(8):
+                client = aio.Client(shared)
+                await client.stream_create(T, N, f"s{i}")
+                await client.publish(T, N, f"s{i}", b"x")
+                assert client._lane is not None and client._lane.conn is not None
+                await client._lane.conn.disconnect()  # what garbage collection does
+                del client
+                gc.collect()
+            assert len(shared.connection_pool._in_use_connections) == 0
+        finally:
+            await shared.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_close_waits_for_the_call_on_the_lane(
+    raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() while a call is on the lane: the call gets its own reply, and the
+    connection is closed after it, never handed to anyone else meanwhile."""
+    real = lane_module._async_send_read
+    sent = asyncio.Event()
+
+    async def slow(conn: Any, args: Any) -> Any:
+        await conn.send_command(*args)
+        sent.set()
+        await asyncio.sleep(0.3)
+        return await conn.read_response()
+
+    async def main() -> None:
+        # plain publishes: felix-redis would not repeat one whose connection was lost
+        client = aio.connect(redis_url, idempotent_publish=False)
+        await client.stream_create(T, N, S)
+        assert (await client.publish(T, N, S, b"0")).offset == 0
+        conn = client._lane.conn
+        monkeypatch.setattr(lane_module, "_async_send_read", slow)
+        publishing = asyncio.ensure_future(client.publish(T, N, S, b"1"))
+        await sent.wait()
+        await client.close()
+        assert (await publishing).offset == 1
+        monkeypatch.setattr(lane_module, "_async_send_read", real)
+        assert not conn.is_connected
+        assert client._lane.conn is None
+
+    asyncio.run(main())
+    assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
+
+
+def test_no_lane_for_resp3_clients(redis_url: str) -> None:
+    resp3 = redis.Redis.from_url(redis_url, protocol=3)
+    try:
+        assert felix_redis.Client(resp3)._lane is None
+    finally:
+        resp3.close()
+
+
+def test_connection_to_a_replaced_primary_is_dropped_before_the_next_call(redis_client: felix_redis.Client) -> None:
+    """A Sentinel pool that has learned of a new primary (its master_address): the
+    lane's connection to another address is closed before anything is sent on it (a
+    new one then asks the sentinels). A plain pool stands in for the Sentinel pool."""
+    redis_client.stream_create(T, N, S)
+    redis_client.publish(T, N, S, b"0")
+    lane = redis_client._lane
+    conn = lane_conn(redis_client)
+    sock = conn._sock
+    lane.pool.master_address = (conn.host, conn.port)  # the primary it is on: kept
+    try:
+        assert redis_client.publish(T, N, S, b"1").offset == 1
+        assert conn._sock is sock
+        lane.pool.master_address = ("127.0.0.2", conn.port)  # a new primary elsewhere
+        with lane.lock:
+            assert lane._connection() is conn
+        assert conn._sock is None  # closed, not used
+    finally:
+        del lane.pool.master_address
+    assert redis_client.publish(T, N, S, b"2").offset == 2
