@@ -350,3 +350,39 @@ def test_connection_to_a_replaced_primary_is_dropped_before_the_next_call(redis_
     finally:
         del lane.pool.master_address
     assert redis_client.publish(T, N, S, b"2").offset == 2
+
+
+def test_async_lane_packs_commands_as_redis_py_does() -> None:
+    """The asyncio lane packs with hiredis where redis.asyncio packs in Python: the
+    same bytes for every kind of argument felix-redis sends; another text encoding,
+    or a value hiredis refuses, is left to redis-py."""
+    from redis.asyncio.connection import Connection
+
+    conn = Connection()
+    args = ("FCALL", "felix_x_publish", 3, "felix:{t/n/s/0}:meta", "k", "ключ", "", 0, 2**53, -5, 1.5,
+            b"\x00\xff payload")
+    packed = lane_module._pack(conn, args)
+    assert isinstance(packed, bytes)
+    assert packed == b"".join(conn.pack_command(*args))
+    latin = Connection(encoding="latin-1")
+    assert lane_module._pack(latin, ("SET", "k", "é")) == latin.pack_command("SET", "k", "é")
+    with pytest.raises(redis.DataError):
+        lane_module._pack(conn, ("SET", "k", None))
+
+
+def test_async_publish_keeps_a_non_ascii_key(raw: redis.Redis, redis_url: str) -> None:
+    async def main() -> None:
+        client = aio.connect(redis_url)
+        try:
+            await client.stream_create(T, N, S)
+            await client.publish(T, N, S, "paiement reçu ✓", key="clé-ключ")
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    reader = felix_redis.connect(redis_url)
+    try:
+        (record,) = reader.read(T, N, S, 0, 0)
+        assert record.key == "clé-ключ" and record.payload == "paiement reçu ✓".encode()
+    finally:
+        reader.close()
