@@ -8,6 +8,8 @@
   ``idempotent_publish=False`` (no producer state), one idempotent producer's
   ``publish_keyed``, and the plain publish function called bare with redis-py's
   ``fcall`` (through the pool, no felix-redis client code around it);
+- the asyncio client's ``publish`` beside redis.asyncio's ``XADD`` (both awaited one
+  after the other on one event loop);
 - a function that only spins ``N`` Lua iterations, for a few ``N``: the round trip as
   server time grows, with nothing else changing.
 
@@ -24,18 +26,21 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_redis
+import felix_redis.asyncio as felix_aio
 from bench.report import emit
 from felix_redis import scripts
 from felix_redis.testing.server import RedisServer
@@ -46,6 +51,13 @@ SPINS = (0, 2_000, 5_000, 10_000)
 SPIN_LIBRARY = ("#!lua name=felixbench_spin\n"
                 "redis.register_function('felixbench_spin', function(keys, args)\n"
                 "  local x = 0\n  for i = 1, tonumber(args[1]) do x = x + i end\n  return x\nend)")
+
+
+def repeat(call: Callable[[], Any]) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            call()
+    return run
 
 
 def measure(calls: int, rounds: int) -> dict[str, Any]:
@@ -86,18 +98,34 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
             "bare_publish_fcall": ("fcall", bare_publish),
             **{f"spin_{n}": ("fcall", spin(n)) for n in SPINS},
         }
-        times: dict[str, list[float]] = {k: [] for k in parts}
-        server_us: dict[str, list[float]] = {k: [] for k in parts}
+        # the asyncio client and redis.asyncio, on one event loop kept for all rounds:
+        # a part runs its calls inside the loop (one run_until_complete per part and round)
+        loop = asyncio.new_event_loop()
+        araw = aioredis.Redis.from_url(server.url)
+        aclient = felix_aio.connect(server.url)
+
+        def in_loop(make: Callable[[], Awaitable[Any]]) -> Callable[[int], None]:
+            async def many(n: int) -> None:
+                for _ in range(n):
+                    await make()
+            return lambda n: loop.run_until_complete(many(n))
+
+        loop.run_until_complete(aclient.publish(T, N, S, PAYLOAD))
+        runs: dict[str, tuple[str, Callable[[int], None]]] = {
+            key: (command, repeat(call)) for key, (command, call) in parts.items()}
+        runs["async_xadd"] = ("xadd", in_loop(lambda: araw.xadd("raw", {"p": PAYLOAD})))
+        runs["async_publish"] = ("fcall", in_loop(lambda: aclient.publish(T, N, S, PAYLOAD)))
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        server_us: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(rounds):
-            for key, (command, call) in parts.items():
+            for key, (command, run) in runs.items():
                 raw.config_resetstat()
                 start = time.perf_counter()
-                for _ in range(calls):
-                    call()
+                run(calls)
                 times[key].append((time.perf_counter() - start) / calls * 1e6)
                 stats = raw.info("commandstats")[f"cmdstat_{command}"]
                 server_us[key].append(float(stats["usec"]) / calls)
-        for key in parts:
+        for key in runs:
             out[key] = {
                 "round_trip_usec": round(statistics.median(times[key]), 1),
                 "server_usec": round(statistics.median(server_us[key]), 2),
@@ -109,6 +137,11 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
         for key in ("publish", "producer_publish_keyed"):
             out[f"{key}_slower_than_plain"] = round(
                 out[key]["round_trip_usec"] / out["publish_plain"]["round_trip_usec"] - 1, 3)
+        out["async_publish_over_async_xadd_rate"] = round(
+            out["async_xadd"]["round_trip_usec"] / out["async_publish"]["round_trip_usec"], 3)
+        loop.run_until_complete(aclient.close())
+        loop.run_until_complete(araw.aclose())
+        loop.close()
         raw.connection_pool.release(kept)
         plain.close()
         client.close()

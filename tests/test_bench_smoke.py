@@ -215,6 +215,7 @@ def test_round_trip_figures_run_end_to_end() -> None:
 
     data = roundtrip.measure(calls=20, rounds=1)
     parts = ["xadd", "xadd_kept_connection", "publish", "publish_plain", "producer_publish_keyed", "bare_publish_fcall",
+             "async_xadd", "async_publish",
              *(f"spin_{n}" for n in roundtrip.SPINS)]
     for part in parts:
         assert data[part]["round_trip_usec"] > 0 and data[part]["server_usec"] > 0, part
@@ -224,5 +225,7 @@ def test_round_trip_figures_run_end_to_end() -> None:
     assert data["spin_10000"]["server_usec"] > data["spin_0"]["server_usec"]
     assert data["publish_over_xadd_rate"] == round(
         data["xadd"]["round_trip_usec"] / data["publish"]["round_trip_usec"], 3)
+    assert data["async_publish_over_async_xadd_rate"] == round(
+        data["async_xadd"]["round_trip_usec"] / data["async_publish"]["round_trip_usec"], 3)
     assert data["publish_over_xadd_kept_connection_rate"] == round(
         data["xadd_kept_connection"]["round_trip_usec"] / data["publish"]["round_trip_usec"], 3)
