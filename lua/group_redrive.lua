@@ -57,7 +57,7 @@ local count = 0
 for _, m in ipairs(targets) do
   if redis.call('HDEL', K.dead, m) == 1 then
     local off = tonumber(m)
-    if off < S.pos then redis.call('ZADD', K.redo, off, m) else redis.call('SREM', K.done, m) end
+    if off < S.pos then redis.call('ZADD', K.redo, off, m) else unfinish_above(K, off) end
     redis.call('HDEL', K.attempts, m)
     redis.call('ZADD', K.owed, now, m)
     count = count + 1

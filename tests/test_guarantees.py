@@ -505,7 +505,7 @@ def test_6_position_is_stored_with_the_group(client: Client) -> None:
     records = poll(client)
     client.group_ack_many(T, N, S, 0, G, [records[0], records[1], records[3]])
     assert int(client.redis.hget(GROUP0, "pos")) == 2
-    assert client.redis.smembers(f"{GROUP0}:done") == {b"3"}
+    assert client.redis.zrange(f"{GROUP0}:done", 0, -1, withscores=True) == [(b"3", 3.0)]
 
 
 # --------------------------------------------------------------- 7. idempotent producer

@@ -34,7 +34,8 @@ end
 -- meta and group hashes are checked by load_group's reads (typed_call).
 local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', set = 'SCARD', stream = 'XLEN'}
 local RARE_ROLES = {'attempts', 'redo', 'owner', 'byowner'}
-local OTHER_ROLES = {'log', 'lease', 'owed', 'done', 'dead', 'wake'}
+-- done last: a done set of an older version is converted once every other key passed
+local OTHER_ROLES = {'log', 'lease', 'owed', 'dead', 'wake', 'done'}
 local ROLE_TYPE = {}
 for _, kt in ipairs(GROUP_KEY_TYPES) do ROLE_TYPE[kt[1]] = kt[2] end
 
@@ -48,13 +49,45 @@ local function check_type(K, role)
   K.types[role] = n > 0 and want or 'none'
 end
 
+-- Versions before 0.2 kept the done key as a set of single offsets: turned into runs
+-- (the same records, so nothing changes in meaning) the first time a script that may
+-- write meets it; returns false in a read-only script (which never reads the key).
+local function convert_done_set(K)
+  local members = redis.call('SMEMBERS', K.done)
+  local offs = {}
+  for i, m in ipairs(members) do offs[i] = tonumber(m) end
+  table.sort(offs)
+  if type(redis.pcall('DEL', K.done)) == 'table' then return false end
+  local i, n = 1, #offs
+  while i <= n do
+    local j = i
+    while j < n and offs[j + 1] == offs[j] + 1 do j = j + 1 end
+    redis.call('ZADD', K.done, fmt(offs[j]), fmt(offs[i]))
+    i = j + 1
+  end
+  return true
+end
+
 local function check_types(K)
   if redis.call('EXISTS', K.attempts, K.redo, K.owner, K.byowner) == 0 then
     for _, role in ipairs(RARE_ROLES) do K.types[role] = 'none' end
   else
     for _, role in ipairs(RARE_ROLES) do check_type(K, role) end
   end
-  for _, role in ipairs(OTHER_ROLES) do check_type(K, role) end
+  for i = 1, #OTHER_ROLES - 1 do check_type(K, OTHER_ROLES[i]) end
+  local n = redis.pcall('ZCARD', K.done)
+  if type(n) == 'table' then
+    if redis.call('TYPE', K.done)['ok'] ~= 'set' then
+      expect_type(K.done, 'zset')
+      error(n, 0)
+    end
+    if not convert_done_set(K) then
+      K.types.done = 'set'
+      return
+    end
+    n = redis.call('ZCARD', K.done)
+  end
+  K.types.done = n > 0 and 'zset' or 'none'
 end
 
 -- redis.call(cmd, key, members...) in chunks (Lua's unpack has a limit); returns the
@@ -145,26 +178,72 @@ local function release_owner(K, S, m)
   end
 end
 
--- Moves S.pos over the finished records the done set holds from S.pos on, taking them
--- out of it. One SREM answers the usual case (the record at the position is not
--- finished); a longer run is looked up in chunks (SMISMEMBER) of 16, 64, 256, then
--- 1000 offsets, so a position that passes thousands of records finished while one slow
--- record held it back costs a few commands, not one per record.
-local function advance_done(K, S)
-  if redis.call('SREM', K.done, fmt(S.pos)) == 0 then return end
-  local p, size = S.pos + 1, 16
-  while true do
-    local ms = {}
-    for i = 1, size do ms[i] = fmt(p + i - 1) end
-    local found = redis.call('SMISMEMBER', K.done, unpack(ms))
-    local run = 0
-    while run < size and found[run + 1] == 1 do run = run + 1 end
-    if run > 0 then redis.call('SREM', K.done, unpack(ms, 1, run)) end
-    p = p + run
-    if run < size then break end
-    if size < 1000 then size = math.min(size * 4, 1000) end
+-- The done key holds the finished records above the position as runs: sorted-set
+-- members FIRST (the run's first offset) scored LAST (its last). Runs never overlap nor
+-- touch (neighbours merge when a run is added) and never hold an unfinished record, so
+-- there is at most one run more than there are unfinished records above the position,
+-- however many records finished while one was held back; a poll's cost does not grow
+-- with them. Acks in order extend the last run: one ZADD.
+
+-- The run holding offset off: its first and last offsets; nil when none.
+local function run_holding(K, off)
+  local r = redis.call('ZRANGE', K.done, fmt(off), '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
+  if #r == 0 then return nil end
+  local first = tonumber(r[1])
+  if first > off then return nil end
+  return first, tonumber(r[2])
+end
+
+-- Marks the unfinished records a..b (S.pos < a) finished, merged with the runs next to
+-- them. No run can start at or after S.next (nothing there was delivered).
+local function add_run(K, S, a, b)
+  local first, last = fmt(a), b
+  if K.types.done ~= 'none' then
+    local before = redis.call('ZRANGE', K.done, fmt(a - 1), fmt(a - 1), 'BYSCORE')
+    if #before > 0 then first = before[1] end
+    if b + 1 < S.next then
+      local after = fmt(b + 1)
+      local after_last = redis.call('ZSCORE', K.done, after)
+      if after_last then
+        last = tonumber(after_last)
+        redis.call('ZREM', K.done, after)
+      end
+    end
   end
-  S.pos = p
+  redis.call('ZADD', K.done, fmt(last), first)
+  K.types.done = 'zset'
+end
+
+-- Marks the ascending offsets offs (all above S.pos, unfinished) finished: one run per
+-- stretch of consecutive offsets.
+local function add_runs(K, S, offs)
+  local i, n = 1, #offs
+  while i <= n do
+    local j = i
+    while j < n and offs[j + 1] == offs[j] + 1 do j = j + 1 end
+    add_run(K, S, offs[i], offs[j])
+    i = j + 1
+  end
+end
+
+-- Moves S.pos over the run of finished records starting at it, if any (one command
+-- when there is none; runs are maximal, so one run is all there can be).
+local function advance_done(K, S)
+  local m = fmt(S.pos)
+  local last = redis.call('ZSCORE', K.done, m)
+  if not last then return end
+  redis.call('ZREM', K.done, m)
+  S.pos = tonumber(last) + 1
+end
+
+-- Makes finished record off (> S.pos) unfinished again (a redrive): its run is split.
+local function unfinish_above(K, off)
+  if K.types.done == 'none' then return end
+  local first, last = run_holding(K, off)
+  if not first then return end
+  redis.call('ZREM', K.done, fmt(first))
+  if first < off then redis.call('ZADD', K.done, fmt(off - 1), fmt(first)) end
+  if last > off then redis.call('ZADD', K.done, fmt(last), fmt(off + 1)) end
 end
 
 -- Marks offset off finished for the position: advance over a contiguous run, or
@@ -174,17 +253,18 @@ local function mark_done(K, S, off)
     redis.call('ZREM', K.redo, fmt(off))
   elseif off == S.pos then
     S.pos = off + 1
-    advance_done(K, S)
+    if K.types.done ~= 'none' then advance_done(K, S) end
     S.dirty = true
   else
-    redis.call('SADD', K.done, fmt(off))
+    add_run(K, S, off, off)
   end
 end
 
 -- True when a delivered record (off < S.next) is finished.
 local function is_finished(K, S, m, off)
   if off < S.pos then return redis.call('ZSCORE', K.redo, m) == false end
-  return redis.call('SISMEMBER', K.done, m) == 1
+  if K.types.done == 'none' then return false end
+  return run_holding(K, off) ~= nil
 end
 
 -- Finishes record off: drops its lease or owed entry, attempts and owner.
@@ -224,10 +304,10 @@ local function finish_many(K, S, ms, offs, aligned)
   if aligned and offs[1] == start_pos and offs[n] == start_pos + n - 1 then
     -- ascending and without repeats: a contiguous run from the position (in-order acks)
     S.pos = start_pos + n
-  elseif aligned and offs[1] > start_pos then
-    -- ascending, all above the position (a record before them is still unfinished, the
-    -- usual case while one is held back): all remembered in the done set, as given
-    above = ms
+  elseif offs[1] > start_pos then
+    -- all above the position (a record before them is still unfinished, the usual
+    -- case while one is held back): remembered as runs
+    above = offs
   else
     for i, off in ipairs(offs) do
       if off < start_pos then
@@ -235,12 +315,12 @@ local function finish_many(K, S, ms, offs, aligned)
       elseif off == S.pos then
         S.pos = off + 1
       else
-        above[#above + 1] = aligned and ms[i] or fmt(off)
+        above[#above + 1] = off
       end
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
-  if #above > 0 then call_many('SADD', K.done, above); K.types.done = 'set' end
+  if #above > 0 then add_runs(K, S, above) end
   if S.pos ~= start_pos then
     if K.types.done ~= 'none' then
       advance_done(K, S)
@@ -381,6 +461,8 @@ local function skip_trimmed(K, S, a, b)
     -- nothing unfinished before them: the position jumps over the whole run
     S.pos = b + 1
     advance_done(K, S)
+  elseif a > S.pos then
+    add_run(K, S, a, b)
   else
     for off = a, b do mark_done(K, S, off) end
   end

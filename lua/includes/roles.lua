@@ -2,6 +2,6 @@
 -- felix_redis.keys.GROUP_ROLES (which scripts receive them in).
 
 local GROUP_ROLE_TYPES = {
-  {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'}, {'attempts', 'hash'}, {'done', 'set'},
+  {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'}, {'attempts', 'hash'}, {'done', 'zset'},
   {'redo', 'zset'}, {'dead', 'hash'}, {'owner', 'hash'}, {'byowner', 'zset'}, {'wake', 'stream'},
 }
