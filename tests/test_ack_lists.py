@@ -234,3 +234,28 @@ def test_done_set_of_an_older_version_is_taken_over(client: felix_redis.Client) 
     assert client.group_ack(T, N, S, 0, G, records[6]) is True
     info = client.group_describe(T, N, S, G).shards[0]
     assert (info.position, info.in_flight, info.lag) == (8, 0, 0)
+
+
+def test_group_and_stream_with_an_older_done_set_can_be_deleted(client: felix_redis.Client) -> None:
+    records = all_delivered(client, 8)
+    done = client.group_keys(T, N, S, G)[0]["done"]
+    assert all(client.group_ack_many(T, N, S, 0, G, records[3:5]))
+    client.redis.delete(done)
+    client.redis.sadd(done, "3", "4")  # as an older version left it
+    client.group_delete(T, N, S, G)
+    assert not client.redis.exists(done)
+    client.group_create(T, N, S, G)
+    client.redis.sadd(done, "6")
+    client.stream_delete(T, N, S)
+    assert not client.redis.exists(done)
+
+
+def test_older_done_set_with_a_foreign_member_is_refused_unchanged(client: felix_redis.Client) -> None:
+    records = all_delivered(client, 4)
+    done = client.group_keys(T, N, S, G)[0]["done"]
+    client.redis.sadd(done, "2", "x")
+    with pytest.raises(felix_redis.WrongKeyType, match="not an offset"):
+        client.group_ack(T, N, S, 0, G, records[0])
+    with pytest.raises(felix_redis.WrongKeyType, match="not an offset"):
+        client.group_describe(T, N, S, G)
+    assert client.redis.smembers(done) == {b"2", b"x"}

@@ -55,7 +55,13 @@ end
 local function convert_done_set(K)
   local members = redis.call('SMEMBERS', K.done)
   local offs = {}
-  for i, m in ipairs(members) do offs[i] = tonumber(m) end
+  for i, m in ipairs(members) do
+    offs[i] = tonumber(m)
+    if not offs[i] or not s_match(m, '^%d+$') then
+      fail('WRONGTYPE', 'key ' .. K.done .. ' holds a set with ' .. s_sub(m, 1, 40)
+        .. ', not an offset; another application wrote it')
+    end
+  end
   table.sort(offs)
   if type(redis.pcall('DEL', K.done)) == 'table' then return false end
   local i, n = 1, #offs
