@@ -246,6 +246,8 @@ def test_async_call_cancelled_between_send_and_read_leaves_no_stale_reply(
 
 
 def test_async_connection_closed_by_the_server_is_replaced(raw: redis.Redis, redis_url: str) -> None:
+    """CLIENT KILL of the asyncio lane's connection: the next plain publish goes out on a
+    new connection and is written once."""
 
     async def main() -> None:
         client = aio.connect(redis_url, idempotent_publish=False)
