@@ -373,3 +373,29 @@ def test_create_without_info_permission_makes_the_stream(raw: redis.Redis, redis
         assert not caplog.records
     finally:
         raw.execute_command("ACL", "DELUSER", user)
+
+
+def test_roles_keep_finished_runs_and_walk_the_position(admin: felix_redis.Client, make_user: Any,
+                                                        raw: redis.Redis) -> None:
+    """Every command the finished-record runs use is one the roles grant: acks above a
+    held-back record, the position's walk over them, a redrive splitting a run, and an
+    older version's done set taken over."""
+    consumer = make_user(("group.consume", "acme", "jobs", "workers"))
+    manager = make_user(("group.manage", "acme", "jobs", "workers"))
+    a = ("acme", "prod", "jobs")
+    recs = consumer.group_poll(*a, 0, "workers", max_records=3)  # offsets 0, 1, 2 of shard 0
+    assert consumer.group_ack(*a, 0, "workers", recs[2]) is True
+    consumer.group_dead_letter(*a, 0, "workers", recs[1], reason="bad")
+    done = admin.group_keys(*a, "workers")[0]["done"]
+    assert raw.zrange(done, 0, -1, withscores=True) == [(b"1", 2.0)]
+    assert manager.group_redrive(*a, 0, "workers", [1]) == 1
+    assert raw.zrange(done, 0, -1, withscores=True) == [(b"2", 2.0)]
+    raw.delete(done)
+    raw.sadd(done, "2")  # as an older version left it
+    assert consumer.group_ack(*a, 0, "workers", recs[0]) is True
+    assert consumer.group_describe(*a, "workers").shards[0].position == 1
+    (again,) = consumer.group_poll(*a, 0, "workers", max_records=1)
+    assert again.offset == 1
+    assert consumer.group_ack(*a, 0, "workers", again) is True
+    assert consumer.group_describe(*a, "workers").shards[0].position == 3
+    assert not raw.exists(done)
