@@ -25,7 +25,7 @@
 require_group_role('group.manage')
 local K = group_keys()
 for _, kt in ipairs(GROUP_KEY_TYPES) do
-  -- a done set of a version before 0.2 goes like the runs that replace it
+  -- a done set of an earlier version (single offsets) goes like the runs that replaced it
   if kt[1] ~= 'done' or redis.call('TYPE', K.done)['ok'] ~= 'set' then expect_type(K[kt[1]], kt[2]) end
 end
 expect_type(KEYS[13], 'set')

@@ -26,7 +26,7 @@ expect_type(KEYS[2], 'stream')
 expect_type(KEYS[3], 'set')
 for g = 0, count - 1 do
   for i, rt in ipairs(GROUP_ROLE_TYPES) do
-    -- a done set of a version before 0.2 goes like the runs that replace it
+    -- a done set of an earlier version (single offsets) goes like the runs that replaced it
     local key = KEYS[3 + 10 * g + i]
     if rt[1] ~= 'done' or redis.call('TYPE', key)['ok'] ~= 'set' then expect_type(key, rt[2]) end
   end

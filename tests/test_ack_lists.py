@@ -214,7 +214,7 @@ def test_done_runs_stay_as_few_as_the_holes_between_them(client: felix_redis.Cli
 
 
 def test_done_set_of_an_older_version_is_taken_over(client: felix_redis.Client) -> None:
-    """Groups written by versions before 0.2 keep the done key as a set of offsets: the
+    """Groups written by earlier versions keep the done key as a set of offsets: the
     next script turns it into runs, and the position walks over it as before."""
     records = all_delivered(client, 8)
     done = client.group_keys(T, N, S, G)[0]["done"]

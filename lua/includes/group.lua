@@ -49,7 +49,7 @@ local function check_type(K, role)
   K.types[role] = n > 0 and want or 'none'
 end
 
--- Versions before 0.2 kept the done key as a set of single offsets: turned into runs
+-- Earlier versions kept the done key as a set of single offsets: turned into runs
 -- (the same records, so nothing changes in meaning) the first time a script that may
 -- write meets it; returns false in a read-only script (which never reads the key).
 local function convert_done_set(K)
@@ -284,10 +284,10 @@ end
 
 -- Finishes many records at once (ack): ms are members known to be unfinished (offs, if
 -- given: their offsets in ascending order; aligned: ms is in that same order). Their
--- lease or owed entries must already be removed; a missing attempts hash or done set
+-- lease or owed entries must already be removed; a missing attempts hash or done key
 -- costs no command. The position walks over the sorted offsets without set operations
--- when they continue it (in-order acks); the done set is looked at only when the
--- position moved (the position itself is never finished, so never in the set).
+-- when they continue it (in-order acks); the done runs are looked at only when the
+-- position moved (the position itself is never finished, so never in a run).
 local function finish_many(K, S, ms, offs, aligned)
   if K.types.attempts ~= 'none' then call_many('HDEL', K.attempts, ms) end
   if S.cons then
@@ -423,7 +423,7 @@ local function ack_many(K, S, ms, offs, statuses)
   end
   local finished = nil
   if removed < #uniq then
-    -- some were owed or finished: tell them apart. The done set and the redo marks are
+    -- some were owed or finished: tell them apart. The done runs and the redo marks are
     -- untouched so far, so is_finished still answers for the state before this ack.
     unfinished, finished = {}, {}
     local owed, owed_scores = {}, {}
