@@ -68,9 +68,7 @@ def lane_pool(raw: Any) -> Any:
     if getattr(raw, "connection", None) is not None or getattr(raw, "single_connection_client", False):
         return None
     pool = getattr(raw, "connection_pool", None)
-    if pool is None or not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
-        return None
-    if type(pool).__module__.split(".", 1)[0] != "redis":
+    if pool is None or type(pool).__module__.split(".", 1)[0] != "redis":
         return None
     if int(getattr(pool, "max_connections", None) or 2**31) < 4:
         return None
@@ -91,12 +89,16 @@ class Lane:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.lock = threading.Lock()
-        self.conn: Any = None
         self.busy = False
-        # [connection, pid]: what the finalizer gives back when the lane is dropped
-        # unclosed (it must not hold the lane itself)
+        # [connection, pid of the process that borrowed it]: also what the finalizer
+        # gives back when the lane is dropped unclosed (it must not hold the lane itself)
         self._held: list[Any] = [None, 0]
         self._finalizer = weakref.finalize(self, _give_back, pool, self._held)
+
+    @property
+    def conn(self) -> Any:
+        """The connection borrowed, or None."""
+        return self._held[0]
 
     def call(self, args: tuple[Any, ...] | list[Any]) -> Any:
         """Sends ``args`` on the lane and returns the reply; an error reply raises, as
@@ -120,7 +122,7 @@ class Lane:
         if conn is None or self._held[1] != os.getpid():
             # first use, or a forked child: borrow a connection of this process (the
             # parent's stays the parent's)
-            conn = self.conn = self.pool.get_connection()
+            conn = self.pool.get_connection()
             self._held[:] = [conn, os.getpid()]
             if not self._finalizer.alive:  # used again after close()
                 self._finalizer = weakref.finalize(self, _give_back, self.pool, self._held)
@@ -139,7 +141,6 @@ class Lane:
     def close(self) -> None:
         """Gives the connection back to the pool."""
         with self.lock:
-            self.conn = None
             self._finalizer()
 
 

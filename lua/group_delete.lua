@@ -24,10 +24,7 @@
 --- @include "group"
 require_group_role('group.manage')
 local K = group_keys()
-for _, kt in ipairs(GROUP_KEY_TYPES) do
-  -- a done set of an earlier version (single offsets) goes like the runs that replaced it
-  if kt[1] ~= 'done' or redis.call('TYPE', K.done)['ok'] ~= 'set' then expect_type(K[kt[1]], kt[2]) end
-end
+for _, kt in ipairs(GROUP_KEY_TYPES) do expect_role_type(K[kt[1]], kt[1], kt[2]) end
 expect_type(KEYS[13], 'set')
 local existed = redis.call('EXISTS', K.group)
 if ARGV[2] == '1' then return existed end

@@ -49,6 +49,18 @@ local function check_type(K, role)
   K.types[role] = n > 0 and want or 'none'
 end
 
+-- Calls fn(first, last) for each stretch of consecutive offsets in the ascending list
+-- offs.
+local function each_stretch(offs, fn)
+  local i, n = 1, #offs
+  while i <= n do
+    local j = i
+    while j < n and offs[j + 1] == offs[j] + 1 do j = j + 1 end
+    fn(offs[i], offs[j])
+    i = j + 1
+  end
+end
+
 -- Earlier versions kept the done key as a set of single offsets: turned into runs
 -- (the same records, so nothing changes in meaning) the first time a script that may
 -- write meets it; returns false in a read-only script (which never reads the key).
@@ -64,13 +76,7 @@ local function convert_done_set(K)
   end
   table.sort(offs)
   if type(redis.pcall('DEL', K.done)) == 'table' then return false end
-  local i, n = 1, #offs
-  while i <= n do
-    local j = i
-    while j < n and offs[j + 1] == offs[j] + 1 do j = j + 1 end
-    redis.call('ZADD', K.done, fmt(offs[j]), fmt(offs[i]))
-    i = j + 1
-  end
+  each_stretch(offs, function(first, last) redis.call('ZADD', K.done, fmt(last), fmt(first)) end)
   return true
 end
 
@@ -220,18 +226,6 @@ local function add_run(K, S, a, b)
   K.types.done = 'zset'
 end
 
--- Marks the ascending offsets offs (all above S.pos, unfinished) finished: one run per
--- stretch of consecutive offsets.
-local function add_runs(K, S, offs)
-  local i, n = 1, #offs
-  while i <= n do
-    local j = i
-    while j < n and offs[j + 1] == offs[j] + 1 do j = j + 1 end
-    add_run(K, S, offs[i], offs[j])
-    i = j + 1
-  end
-end
-
 -- Moves S.pos over the run of finished records starting at it, if any (one command
 -- when there is none; runs are maximal, so one run is all there can be).
 local function advance_done(K, S)
@@ -326,7 +320,7 @@ local function finish_many(K, S, ms, offs, aligned)
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
-  if #above > 0 then add_runs(K, S, above) end
+  if #above > 0 then each_stretch(above, function(a, b) add_run(K, S, a, b) end) end
   if S.pos ~= start_pos then
     if K.types.done ~= 'none' then
       advance_done(K, S)
