@@ -229,3 +229,16 @@ def test_round_trip_figures_run_end_to_end() -> None:
         data["async_xadd"]["round_trip_usec"] / data["async_publish"]["round_trip_usec"], 3)
     assert data["publish_over_xadd_kept_connection_rate"] == round(
         data["xadd_kept_connection"]["round_trip_usec"] / data["publish"]["round_trip_usec"], 3)
+
+
+def test_held_back_figures_run_end_to_end() -> None:
+    """bench/held.py with tiny numbers: every group reports a server time per poll, and
+    each ratio is that time over the time of the group with none held back."""
+    sys.path.insert(0, str(ROOT))
+    from bench import held
+
+    data = held.measure(finished=300, rounds=1)
+    base = data["none"]["usec_per_poll"]
+    for name in ("none", "held_10000", "held_10000_behind_finished", "held_100_behind_finished"):
+        assert data[name]["usec_per_poll"] > 0, name
+        assert abs(data[name]["over_none"] - data[name]["usec_per_poll"] / base) < 0.01, name
