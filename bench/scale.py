@@ -5,7 +5,9 @@
   group memory left per finished job;
 - Redis CPU per job (INFO commandstats, usec per job) against raw XREADGROUP + XACK;
 - the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere,
-  next to raw XREADGROUP + XACK with 10,000 entries pending elsewhere.
+  next to raw XREADGROUP + XACK with 10,000 entries pending elsewhere; and, to tell how
+  it grows with the number in flight, with 10,000 against 100 in flight elsewhere (both
+  hold the group's position back, so both remember later acks as done runs).
 
 Figures that compare server times measure their parts in alternating steps (a few
 dozen polls each, the server time of each step read from INFO commandstats before and
@@ -124,7 +126,7 @@ def raw_steps(raw: redis.Redis, key: str, batch: int, polls: int) -> Callable[[]
 
 
 def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 100_000, held: int = 10_000,
-            polls: int = 1000) -> dict[str, Any]:
+            polls: int = 1000, few: int = 100) -> dict[str, Any]:
     """The figures, for a ``backlog`` against a ``small`` one; memory and CPU over ``jobs``
     records; poll cost with ``dead`` dead letters and ``held`` records in flight, over
     ``polls`` polls (the defaults are the issue's; the test suite runs tiny ones)."""
@@ -210,7 +212,8 @@ def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 
         # (entries pending for another consumer: its PEL, like felix's leases, is a
         # sorted index). All parts are measured in alternating steps of polls // 50 polls.
         steps = 50 if polls >= 50 else 1
-        shapes = {"plain": (0, 0), "cost": (dead, held), "dead_only": (dead, 0), "held_only": (0, held)}
+        shapes = {"plain": (0, 0), "cost": (dead, held), "dead_only": (dead, 0), "held_only": (0, held),
+                  "held_few": (0, min(few, held))}
         for stream, (dead_n, held_n) in shapes.items():
             client.stream_create(T, N, stream)
             # leases that outlive the run: the records held in flight must not lapse
@@ -248,6 +251,9 @@ def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 
         out["poll_cost_ratio"] = round(per_poll["cost"] / per_poll["plain"], 2)
         out["poll_cost_ratio_dead_only"] = round(per_poll["dead_only"] / per_poll["plain"], 2)
         out["poll_cost_ratio_in_flight_only"] = round(per_poll["held_only"] / per_poll["plain"], 2)
+        out["in_flight_few"] = min(few, held)
+        out["poll_cost_ratio_in_flight_few"] = round(per_poll["held_few"] / per_poll["plain"], 2)
+        out["poll_cost_ratio_in_flight_over_few"] = round(per_poll["held_only"] / per_poll["held_few"], 2)
         out["raw_poll_ack_usec_plain"] = round(per_poll["raw_plain"], 2)
         out["raw_poll_ack_usec_with_pending"] = round(per_poll["raw_loaded"], 2)
         out["raw_poll_cost_ratio"] = round(per_poll["raw_loaded"] / per_poll["raw_plain"], 2)

@@ -175,15 +175,18 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     for part, per in (("drain_batch_4", "per_batch"), ("publish", "per_call")):
         assert data[part][f"felix_{per}"] > 0 and data[part][f"raw_{per}"] > 0
         assert data[part]["felix_over_raw"] > 0
-    # no 16-record batch was counted here to compare with: the held-back figure stands alone
-    assert data["held_back_8"]["felix_per_batch"] > 0 and data["held_back_8"]["over_none_held"] is None
+    # the held-back polls are compared with the same poll on a group holding none, counted
+    # in the same steps; 8 is the fewest given, so the second ratio is exactly 1
+    assert data["held_back_none"]["felix_per_batch"] > 0
+    held = data["held_back_8"]
+    assert held["felix_per_batch"] > 0 and held["over_none_held"] > 0 and held["over_8_held"] == 1.0
     # --keep: one callgrind dump per part, named
     assert {p.name for p in kept.iterdir()} == {
         "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind",
-        "poll_16_held_8.callgrind", "publish.callgrind", "raw_xadd.callgrind", "publish_plain.callgrind",
-        "empty_function.callgrind", "least_publish_script.callgrind"}
-    # instruction counts repeat exactly: the least a publish script does costs less than
-    # felix's plain publish, which costs less than the default one (producer state too)
+        "poll_16_held_0.callgrind", "poll_16_held_8.callgrind", "publish.callgrind",
+        "raw_xadd.callgrind", "publish_plain.callgrind", "empty_function.callgrind", "least_publish_script.callgrind"}
+    # the least a publish script does costs less than felix's plain publish, which costs
+    # less than the default one (producer state too)
     pub = data["publish"]
     assert pub["empty_function_per_call"] < pub["least_publish_script_per_call"] < pub["felix_plain_per_call"]
     assert pub["felix_plain_per_call"] < pub["felix_per_call"]
@@ -195,15 +198,16 @@ def test_scale_figures_run_end_to_end() -> None:
     sys.path.insert(0, str(ROOT))
     from bench import scale
 
-    data = scale.measure(backlog=2_000, small=1_000, jobs=3_000, dead=300, held=200, polls=20)
+    data = scale.measure(backlog=2_000, small=1_000, jobs=3_000, dead=300, held=200, polls=20, few=50)
     assert (data["small_backlog"], data["large_backlog"]) == (1_000, 2_000)
-    assert (data["dead_letters"], data["in_flight_elsewhere"]) == (300, 200)
+    assert (data["dead_letters"], data["in_flight_elsewhere"], data["in_flight_few"]) == (300, 200, 50)
     assert data["group_bytes_left_per_finished_job"] == 0
     assert data["cpu_jobs_per_part"] == 20 * 64
     for figure in ("drain_rate_10k_backlog", "drain_rate_large_backlog", "bytes_per_waiting_job",
                    "redis_usec_per_job", "raw_redis_usec_per_job", "redis_usec_per_job_separate_acks",
                    "poll_ack_usec_plain", "poll_ack_usec_with_dead_and_in_flight", "raw_poll_ack_usec_plain",
-                   "raw_poll_ack_usec_with_pending", "poll_cost_ratio_dead_only", "poll_cost_ratio_in_flight_only"):
+                   "raw_poll_ack_usec_with_pending", "poll_cost_ratio_dead_only", "poll_cost_ratio_in_flight_only",
+                   "poll_cost_ratio_in_flight_few", "poll_cost_ratio_in_flight_over_few"):
         assert data[figure] > 0, figure
 
 
