@@ -3,11 +3,13 @@
 --
 -- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
--- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, created
+-- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
+--                    (FIRST-LAST: the highest finished run above pos), created
 -- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
--- KEYS[7] done       set: finished offsets above the position
+-- KEYS[7] done       zset: runs of finished offsets above the position (below top),
+--                    member FIRST scored LAST
 -- KEYS[8] redo       zset: redriven offsets below the position, score = offset
 -- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)

@@ -121,6 +121,20 @@ def dump_keyspace(r: Any) -> dict[bytes, Any]:
     return out
 
 
+def finished_runs(r: Any, keys: dict[str, str]) -> list[tuple[int, int]]:
+    """The runs of finished records above a group's position, ``(first, last)`` in
+    ascending order, as docs/keys.md tells to read them: the done key's members (first
+    offset scored by last) and the group hash's ``top`` field (``FIRST-LAST``), which is
+    above them all. ``keys``: the group's keys by role (``Client.group_keys``)."""
+    runs = [(int(m), int(last)) for m, last in r.zrange(keys["done"], 0, -1, withscores=True)]
+    top = r.hget(keys["group"], "top")
+    if top is not None:
+        first, last = (top.decode() if isinstance(top, bytes) else top).split("-")
+        assert not runs or runs[-1][1] + 1 < int(first), f"top run {top!r} not above the done key's {runs}"
+        runs.append((int(first), int(last)))
+    return runs
+
+
 @pytest.fixture
 def unchanged(backend: tuple[str, Any]) -> Callable[[], Any]:
     """``with unchanged():`` fails if the block changes any key."""

@@ -11,6 +11,7 @@ finished, passes them all in a few commands once that record is acked."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ import redis
 
 import felix_redis
 from felix_redis import InvalidArgument, NotFound, scripts
-from tests.conftest import dump_keyspace
+from tests.conftest import dump_keyspace, finished_runs
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -118,12 +119,12 @@ def test_position_walks_a_long_finished_run(client: felix_redis.Client) -> None:
     info = client.group_describe(T, N, S, G).shards[0]
     assert (info.position, info.in_flight) == (0, 1)
     # 2,999 finished records above the position: remembered as one run, not one each
-    done = client.group_keys(T, N, S, G)[0]["done"]
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 2999.0)]
+    gk = client.group_keys(T, N, S, G)[0]
+    assert finished_runs(client.redis, gk) == [(1, 2999)]
     assert client.group_ack_many(T, N, S, 0, G, records[:1]) == [True]
     info = client.group_describe(T, N, S, G).shards[0]
     assert (info.position, info.in_flight, info.lag) == (total, 0, 0)
-    assert not client.redis.exists(done)
+    assert not client.redis.exists(gk["done"]) and client.redis.hget(gk["group"], "top") is None
 
 
 def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: felix_redis.Client,
@@ -138,6 +139,32 @@ def test_position_walk_takes_a_few_commands_not_one_per_record(redis_client: fel
     # 4999 records passed in one step: the run after the position is looked up and removed
     assert stats["cmdstat_zrem"]["calls"] <= 2  # the lease, and the run
     assert stats["cmdstat_zrange"]["calls"] <= 4
+
+
+def test_acks_in_order_behind_a_held_record_cost_no_command_on_the_done_key(redis_client: felix_redis.Client,
+                                                                          raw: redis.Redis) -> None:
+    """While another consumer holds the record at the position, each poll's acks (the
+    previous batch, in order) extend the top run in the group hash: no command on the
+    done key, where looking up the run to extend and rewriting it took two."""
+    c = redis_client
+    c.stream_create(T, N, S)
+    c.group_create(T, N, S, G)
+    c.publish_batch(T, N, S, [b"x"] * 200, shard=0)
+    (held,) = c.group_poll(T, N, S, 0, G, max_records=1)  # another consumer's record
+    batch = c.group_poll(T, N, S, 0, G, max_records=16)
+    raw.config_resetstat()
+    for _ in range(10):
+        batch = c.group_poll(T, N, S, 0, G, max_records=16, ack=batch)
+    assert all(c.group_ack_many(T, N, S, 0, G, batch))
+    stats = raw.info("commandstats")
+    # per poll one ZRANGE (its earliest lease) and one ZADD (its new leases); nothing more
+    assert (stats["cmdstat_zrange"]["calls"], stats["cmdstat_zadd"]["calls"]) == (10, 10)
+    assert "cmdstat_zscore" not in stats
+    gk = c.group_keys(T, N, S, G)[0]
+    assert not raw.exists(gk["done"]) and raw.hget(gk["group"], "top") == b"1-176"
+    assert finished_runs(raw, gk) == [(1, 176)]
+    assert c.group_ack(T, N, S, 0, G, held) is True
+    assert position(c) == 177 and raw.hget(gk["group"], "top") is None
 
 
 def test_position_walk_stops_at_the_first_unfinished_record(client: felix_redis.Client) -> None:
@@ -173,22 +200,31 @@ def test_acks_of_owed_and_finished_records_in_ascending_lists(delivered: felix_r
 def test_done_runs_split_on_redrive_and_merge_on_ack(client: felix_redis.Client) -> None:
     """Finished records above a held-back position are runs; a dead letter redriven
     from the middle of one splits it, and its ack joins the halves again."""
-    records = all_delivered(client, 10)
-    done = client.group_keys(T, N, S, G)[0]["done"]
-    assert all(client.group_ack_many(T, N, S, 0, G, records[1:4] + records[6:]))
+    records = all_delivered(client, 12)
+    gk = client.group_keys(T, N, S, G)[0]
+    assert all(client.group_ack_many(T, N, S, 0, G, records[1:4] + records[6:10]))
     client.group_dead_letter(T, N, S, 0, G, records[4], reason="bad")
     client.group_dead_letter(T, N, S, 0, G, records[5], reason="bad")
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 9.0)]
+    assert finished_runs(client.redis, gk) == [(1, 9)]
     assert client.group_redrive(T, N, S, 0, G, [4]) == 1
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 3.0), (b"5", 9.0)]
-    (again,) = client.group_poll(T, N, S, 0, G, max_records=5)
-    assert again.offset == 4  # a redrive starts the record afresh
-    assert client.group_ack(T, N, S, 0, G, again) is True
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 9.0)]
+    assert finished_runs(client.redis, gk) == [(1, 3), (5, 9)]
+    # the top run (the highest, kept in the group hash) and a run below it split too
+    assert all(client.group_ack_many(T, N, S, 0, G, records[11:]))
+    client.group_dead_letter(T, N, S, 0, G, records[10], reason="bad")
+    assert finished_runs(client.redis, gk) == [(1, 3), (5, 11)]
+    assert client.redis.hget(gk["group"], "top") == b"5-11"
+    assert client.group_redrive(T, N, S, 0, G, [10]) == 1
+    assert finished_runs(client.redis, gk) == [(1, 3), (5, 9), (11, 11)]
+    assert client.group_redrive(T, N, S, 0, G, [5]) == 1
+    assert finished_runs(client.redis, gk) == [(1, 3), (6, 9), (11, 11)]
+    again = client.group_poll(T, N, S, 0, G, max_records=5)
+    assert sorted(r.offset for r in again) == [4, 5, 10]  # a redrive starts a record afresh
+    assert all(client.group_ack_many(T, N, S, 0, G, again))
+    assert finished_runs(client.redis, gk) == [(1, 11)]
     assert client.group_ack(T, N, S, 0, G, records[0]) is True
     info = client.group_describe(T, N, S, G).shards[0]
-    assert (info.position, info.in_flight, info.lag) == (10, 0, 0)
-    assert not client.redis.exists(done)
+    assert (info.position, info.in_flight, info.lag) == (12, 0, 0)
+    assert not client.redis.exists(gk["done"]) and client.redis.hget(gk["group"], "top") is None
 
 
 def test_done_runs_stay_as_few_as_the_holes_between_them(client: felix_redis.Client) -> None:
@@ -197,7 +233,7 @@ def test_done_runs_stay_as_few_as_the_holes_between_them(client: felix_redis.Cli
     import random
 
     records = all_delivered(client, 400)
-    done = client.group_keys(T, N, S, G)[0]["done"]
+    gk = client.group_keys(T, N, S, G)[0]
     order = list(range(1, 400))
     random.Random(7).shuffle(order)
     held = set(range(400))
@@ -207,8 +243,12 @@ def test_done_runs_stay_as_few_as_the_holes_between_them(client: felix_redis.Cli
         held -= set(batch)
         position = client.group_describe(T, N, S, G).shards[0].position
         assert position == 0
-        assert client.redis.zcard(done) <= len([h for h in held if h > position]) + 1
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 399.0)]
+        runs = finished_runs(client.redis, gk)
+        assert len(runs) <= len([h for h in held if h > position]) + 1
+        # exactly the finished records, in runs that neither overlap nor touch
+        assert [o for first, last in runs for o in range(first, last + 1)] == sorted(set(range(1, 400)) - held)
+        assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(runs))
+    assert finished_runs(client.redis, gk) == [(1, 399)]
     assert client.group_ack(T, N, S, 0, G, records[0]) is True
     assert client.group_describe(T, N, S, G).shards[0].position == 400
 
@@ -220,7 +260,9 @@ def test_done_set_of_an_older_version_is_taken_over(client: felix_redis.Client) 
     done = client.group_keys(T, N, S, G)[0]["done"]
     assert all(client.group_ack_many(T, N, S, 0, G, [records[i] for i in (3, 4, 5, 7)]))
     client.redis.delete(done)
-    client.redis.sadd(done, "3", "4", "5", "7")  # as an older version left it
+    client.redis.sadd(done, "3", "4", "5", "7")  # as an older version left it (no top run)
+    gk = client.group_keys(T, N, S, G)[0]
+    client.redis.hdel(gk["group"], "top")
     # a read-only call works with it as it is (and cannot convert it)
     info = client.group_describe(T, N, S, G).shards[0]
     assert (info.position, info.in_flight) == (0, 4)
@@ -229,7 +271,7 @@ def test_done_set_of_an_older_version_is_taken_over(client: felix_redis.Client) 
     assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 1.0), (b"3", 5.0), (b"7", 7.0)]
     assert client.group_ack_many(T, N, S, 0, G, [records[0], records[2]]) == [True, True]
     assert client.group_describe(T, N, S, G).shards[0].position == 6
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"7", 7.0)]
+    assert finished_runs(client.redis, gk) == [(7, 7)]
     assert client.group_ack(T, N, S, 0, G, records[3]) is False  # finished already
     assert client.group_ack(T, N, S, 0, G, records[6]) is True
     info = client.group_describe(T, N, S, G).shards[0]
@@ -241,6 +283,7 @@ def test_group_and_stream_with_an_older_done_set_can_be_deleted(client: felix_re
     done = client.group_keys(T, N, S, G)[0]["done"]
     assert all(client.group_ack_many(T, N, S, 0, G, records[3:5]))
     client.redis.delete(done)
+    client.redis.hdel(client.group_keys(T, N, S, G)[0]["group"], "top")
     client.redis.sadd(done, "3", "4")  # as an older version left it
     client.group_delete(T, N, S, G)
     assert not client.redis.exists(done)
@@ -259,3 +302,19 @@ def test_older_done_set_with_a_foreign_member_is_refused_unchanged(client: felix
     with pytest.raises(felix_redis.WrongKeyType, match="not an offset"):
         client.group_describe(T, N, S, G)
     assert client.redis.smembers(done) == {b"2", b"x"}
+
+
+def test_a_malformed_top_run_is_refused_unchanged(client: felix_redis.Client) -> None:
+    """A ``top`` field that is not ``FIRST-LAST`` (another application wrote it) is
+    refused, naming the field, before anything is written."""
+    records = all_delivered(client, 4)
+    gk = client.group_keys(T, N, S, G)[0]
+    assert all(client.group_ack_many(T, N, S, 0, G, records[2:]))
+    assert finished_runs(client.redis, gk) == [(2, 3)] and client.redis.hget(gk["group"], "top") == b"2-3"
+    client.redis.hset(gk["group"], "top", "2..3")
+    before = dump_keyspace(client.redis)
+    with pytest.raises(felix_redis.WrongKeyType, match="field top"):
+        client.group_ack(T, N, S, 0, G, records[0])
+    with pytest.raises(felix_redis.WrongKeyType, match="field top"):
+        client.group_poll(T, N, S, 0, G)
+    assert dump_keyspace(client.redis) == before

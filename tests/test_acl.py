@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import felix_redis
 from felix_redis import PermissionDenied, acl
 from felixctl.cli import cli
-from tests.conftest import dump_keyspace
+from tests.conftest import dump_keyspace, finished_runs
 
 PW = "pw-secret-1"
 _users = itertools.count()
@@ -378,24 +378,40 @@ def test_create_without_info_permission_makes_the_stream(raw: redis.Redis, redis
 def test_roles_keep_finished_runs_and_walk_the_position(admin: felix_redis.Client, make_user: Any,
                                                         raw: redis.Redis) -> None:
     """Every command the finished-record runs use is one the roles grant: acks above a
-    held-back record, the position's walk over them, a redrive splitting a run, and an
+    held-back record (the top run in the group hash, runs below it in the done key,
+    merging both ways), the position's walk over them, redrives splitting runs, and an
     older version's done set taken over."""
     consumer = make_user(("group.consume", "acme", "jobs", "workers"))
     manager = make_user(("group.manage", "acme", "jobs", "workers"))
     a = ("acme", "prod", "jobs")
-    recs = consumer.group_poll(*a, 0, "workers", max_records=3)  # offsets 0, 1, 2 of shard 0
-    assert consumer.group_ack(*a, 0, "workers", recs[2]) is True
-    consumer.group_dead_letter(*a, 0, "workers", recs[1], reason="bad")
-    done = admin.group_keys(*a, "workers")[0]["done"]
-    assert raw.zrange(done, 0, -1, withscores=True) == [(b"1", 2.0)]
-    assert manager.group_redrive(*a, 0, "workers", [1]) == 1
-    assert raw.zrange(done, 0, -1, withscores=True) == [(b"2", 2.0)]
-    raw.delete(done)
-    raw.sadd(done, "2")  # as an older version left it
-    assert consumer.group_ack(*a, 0, "workers", recs[0]) is True
-    assert consumer.group_describe(*a, "workers").shards[0].position == 1
-    (again,) = consumer.group_poll(*a, 0, "workers", max_records=1)
-    assert again.offset == 1
-    assert consumer.group_ack(*a, 0, "workers", again) is True
+    for i in range(3):
+        admin.publish(*a, f"more-{i}".encode(), shard=0)
+    recs = consumer.group_poll(*a, 0, "workers", max_records=6)  # offsets 0..5 of shard 0
+    gk = admin.group_keys(*a, "workers")[0]
+    assert consumer.group_ack(*a, 0, "workers", recs[5]) is True  # the top run
+    assert consumer.group_ack(*a, 0, "workers", recs[2]) is True  # a run in the done key
+    consumer.group_dead_letter(*a, 0, "workers", recs[3], reason="bad")  # extends it
+    assert finished_runs(raw, gk) == [(2, 3), (5, 5)]
+    assert consumer.group_ack(*a, 0, "workers", recs[4]) is True  # joins it to the top run
+    assert finished_runs(raw, gk) == [(2, 5)] and not raw.exists(gk["done"])
+    assert manager.group_redrive(*a, 0, "workers", [3]) == 1  # splits the top run
+    assert finished_runs(raw, gk) == [(2, 2), (4, 5)]
+    assert consumer.group_ack_many(*a, 0, "workers", recs[:2]) == [True, True]  # walks over 2
     assert consumer.group_describe(*a, "workers").shards[0].position == 3
-    assert not raw.exists(done)
+    (again,) = consumer.group_poll(*a, 0, "workers", max_records=1)
+    assert again.offset == 3
+    assert consumer.group_ack(*a, 0, "workers", again) is True  # walks over the top run
+    assert consumer.group_describe(*a, "workers").shards[0].position == 6
+    assert finished_runs(raw, gk) == [] and raw.hget(gk["group"], "top") is None
+    # an older version's done set (and no top run) on shard 1's records
+    recs = consumer.group_poll(*a, 1, "workers", max_records=3)  # offsets 0, 1, 2 of shard 1
+    gk1 = admin.group_keys(*a, "workers")[1]
+    done1 = gk1["done"]
+    assert consumer.group_ack(*a, 1, "workers", recs[2]) is True
+    raw.hdel(gk1["group"], "top")
+    raw.sadd(done1, "2")  # as an older version left it
+    assert consumer.group_ack(*a, 1, "workers", recs[0]) is True
+    assert consumer.group_describe(*a, "workers").shards[1].position == 1
+    assert consumer.group_ack(*a, 1, "workers", recs[1]) is True
+    assert consumer.group_describe(*a, "workers").shards[1].position == 3
+    assert not raw.exists(done1)

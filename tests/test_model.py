@@ -36,6 +36,7 @@ import felix_redis
 from felix_redis import NotFound, StaleClaim
 from felix_redis.keys import GROUP_ROLES
 from felix_redis.models import Record
+from tests.conftest import finished_runs
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 VT_MS = 600_000  # leases never lapse by themselves while an example runs
@@ -386,6 +387,16 @@ class GroupMachine(RuleBasedStateMachine):
             got = {k: getattr(shard, k) for k in want}
             assert got == want, f"shard {s}: describe says {got}, the model {want}"
             assert (shard.oldest_unfinished_age_ms is None) == (m.position == m.tail)
+            # the stored position and the runs of finished records above it (the done
+            # key and the group hash's top run) hold exactly the model's finished records
+            keys = dict(zip(GROUP_ROLES, self.name.group_keys(s, G), strict=True))
+            pos = int(self.raw.hget(keys["group"], "pos"))
+            runs = finished_runs(self.raw, keys)
+            assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(runs)), f"shard {s}: runs touch: {runs}"
+            assert pos == m.tail or not m.records[pos].finished, f"shard {s}: stored position {pos} is finished"
+            above = [o for first, last in runs for o in range(first, last + 1)]
+            want_above = [o for o in range(pos + 1, m.tail) if m.records[o].finished]
+            assert above == want_above, f"shard {s}: finished runs {runs} above {pos}, the model {want_above}"
             letters = self.client.group_dead_letters(T, N, S, s, G)
             assert [(d.offset, d.attempts) for d in letters] == m.dead_letters(), f"shard {s} dead letters"
             for d in letters:

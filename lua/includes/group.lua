@@ -130,12 +130,19 @@ local function load_group(K)
   check_types(K)
   local m = typed_call('hash', 'HMGET', K.meta, 'tail', 'first')
   if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-  local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed')
+  local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top')
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
+  local top_first, top_last = false, false
+  if g[8] then
+    local f, l = s_match(g[8], '^(%d+)%-(%d+)$')
+    if not f then fail('WRONGTYPE', 'field top of ' .. K.group .. ' is not FIRST-LAST: ' .. s_sub(g[8], 1, 40)) end
+    top_first, top_last = tonumber(f), tonumber(l)
+  end
   return {
     tail = tonumber(m[1]), first = tonumber(m[2]),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
     wseq = tonumber(g[5]), cons = g[6] == '1', trimmed = tonumber(g[7] or '0'),
+    top_first = top_first, top_last = top_last, loaded_top_first = top_first, loaded_top_last = top_last,
     dirty = false, loaded = g,
   }
 end
@@ -168,7 +175,15 @@ local function save_group(K, S)
     if wseq ~= g[5] then args[#args + 1] = 'wseq'; args[#args + 1] = wseq end
     if cons ~= g[6] then args[#args + 1] = 'cons'; args[#args + 1] = cons end
     if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
+    -- the top run (formatted only when it changed)
+    local top_first, top_last = S.top_first, S.top_last
+    local top_changed = top_first ~= S.loaded_top_first or top_last ~= S.loaded_top_last
+    if top_changed and top_first then
+      args[#args + 1] = 'top'
+      args[#args + 1] = fmt(top_first) .. '-' .. fmt(top_last)
+    end
     redis.call('HSET', K.group, unpack(args))
+    if top_changed and not top_first then redis.call('HDEL', K.group, 'top') end
   end
 end
 
@@ -190,15 +205,25 @@ local function release_owner(K, S, m)
   end
 end
 
--- The done key holds the finished records above the position as runs: sorted-set
--- members FIRST (the run's first offset) scored LAST (its last). Runs never overlap nor
--- touch (neighbours merge when a run is added) and never hold an unfinished record, so
--- there is at most one run more than there are unfinished records above the position,
--- however many records finished while one was held back; a poll's cost does not grow
--- with them. Acks in order extend the last run: one ZADD.
+-- The finished records above the position are kept as runs of consecutive offsets that
+-- never overlap nor touch (neighbours merge when a run is added) and never hold an
+-- unfinished record, so there is at most one run more than there are unfinished records
+-- above the position, however many records finished while one was held back; a poll's
+-- cost does not grow with them. The highest run may be kept in the group hash (field
+-- top, 'FIRST-LAST'; S.top_first and S.top_last, false when there is none); the others
+-- are in the done key, sorted-set members FIRST (the run's first offset) scored LAST
+-- (its last), all below the top run. While the position is held back (as it is
+-- whenever another consumer holds a record before them), acks in order extend the top
+-- run without a command.
 
--- The run holding offset off: its first and last offsets; nil when none.
-local function run_holding(K, off)
+-- The run holding offset off (> S.pos): its first and last offsets; nil when none.
+local function run_holding(K, S, off)
+  local top_first = S.top_first
+  if top_first and off >= top_first then
+    if off <= S.top_last then return top_first, S.top_last end
+    return nil
+  end
+  if K.types.done == 'none' then return nil end
   local r = redis.call('ZRANGE', K.done, fmt(off), '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
   if #r == 0 then return nil end
   local first = tonumber(r[1])
@@ -206,41 +231,102 @@ local function run_holding(K, off)
   return first, tonumber(r[2])
 end
 
--- Marks the unfinished records a..b (S.pos < a) finished, merged with the runs next to
--- them. No run can start at or after S.next (nothing there was delivered).
+-- The member of the run in the done key that ends at offset last, or nil.
+local function run_ending(K, last)
+  if K.types.done == 'none' then return nil end
+  local m = fmt(last)
+  return redis.call('ZRANGE', K.done, m, m, 'BYSCORE')[1]
+end
+
+-- Marks the unfinished records a..b (S.pos < a, b < S.next) finished, merged with the
+-- runs next to them.
 local function add_run(K, S, a, b)
-  local first, last = fmt(a), b
-  if K.types.done ~= 'none' then
-    local before = redis.call('ZRANGE', K.done, fmt(a - 1), fmt(a - 1), 'BYSCORE')
-    if #before > 0 then first = before[1] end
-    if b + 1 < S.next then
-      local after = fmt(b + 1)
-      local after_last = redis.call('ZSCORE', K.done, after)
-      if after_last then
-        last = tonumber(after_last)
-        redis.call('ZREM', K.done, after)
+  local top_first, top_last = S.top_first, S.top_last
+  if top_first then
+    if a == top_last + 1 then
+      -- the usual case: the top run grows (nothing lies above it)
+      S.top_last = b
+      S.dirty = true
+      return
+    elseif a > top_last + 1 then
+      -- a new top run; the old one goes to the done key
+      redis.call('ZADD', K.done, fmt(top_last), fmt(top_first))
+      K.types.done = 'zset'
+      S.top_first, S.top_last = a, b
+      S.dirty = true
+      return
+    elseif b + 1 == top_first then
+      -- just below the top run: they merge, and with the run before, if any
+      local before = run_ending(K, a - 1)
+      if before then
+        redis.call('ZREM', K.done, before)
+        a = tonumber(before)
       end
+      S.top_first = a
+      S.dirty = true
+      return
     end
+  end
+  -- further below the top run, or there is none
+  local before = run_ending(K, a - 1)
+  local first, last = before or fmt(a), b
+  if b + 1 < S.next and K.types.done ~= 'none' then
+    local after = fmt(b + 1)
+    local after_last = redis.call('ZSCORE', K.done, after)
+    if after_last then
+      last = tonumber(after_last)
+      redis.call('ZREM', K.done, after)
+    end
+  end
+  if not top_first and last == S.next - 1 then
+    -- nothing can lie above a run that reaches the last delivered record: the top run
+    if before then redis.call('ZREM', K.done, before) end
+    S.top_first, S.top_last = tonumber(first), last
+    S.dirty = true
+    return
   end
   redis.call('ZADD', K.done, fmt(last), first)
   K.types.done = 'zset'
 end
 
--- Moves S.pos over the run of finished records starting at it, if any (one command
--- when there is none; runs are maximal, so one run is all there can be).
+-- Moves S.pos over the run of finished records starting at it, if any (at most one
+-- command; runs are maximal, so one run is all there can be).
 local function advance_done(K, S)
+  if S.top_first == S.pos then
+    S.pos = S.top_last + 1
+    S.top_first, S.top_last = false, false
+    S.dirty = true
+    return
+  end
+  if K.types.done == 'none' then return end
   local m = fmt(S.pos)
   local last = redis.call('ZSCORE', K.done, m)
   if not last then return end
   redis.call('ZREM', K.done, m)
   S.pos = tonumber(last) + 1
+  S.dirty = true
 end
 
 -- Makes finished record off (> S.pos) unfinished again (a redrive): its run is split.
-local function unfinish_above(K, off)
-  if K.types.done == 'none' then return end
-  local first, last = run_holding(K, off)
+local function unfinish_above(K, S, off)
+  local first, last = run_holding(K, S, off)
   if not first then return end
+  if first == S.top_first then
+    -- the part above off stays the top run; the part below goes to the done key
+    if last > off then
+      S.top_first = off + 1
+      if first < off then
+        redis.call('ZADD', K.done, fmt(off - 1), fmt(first))
+        K.types.done = 'zset'
+      end
+    elseif first < off then
+      S.top_last = off - 1
+    else
+      S.top_first, S.top_last = false, false
+    end
+    S.dirty = true
+    return
+  end
   redis.call('ZREM', K.done, fmt(first))
   if first < off then redis.call('ZADD', K.done, fmt(off - 1), fmt(first)) end
   if last > off then redis.call('ZADD', K.done, fmt(last), fmt(off + 1)) end
@@ -253,7 +339,7 @@ local function mark_done(K, S, off)
     redis.call('ZREM', K.redo, fmt(off))
   elseif off == S.pos then
     S.pos = off + 1
-    if K.types.done ~= 'none' then advance_done(K, S) end
+    advance_done(K, S)
     S.dirty = true
   else
     add_run(K, S, off, off)
@@ -263,8 +349,7 @@ end
 -- True when a delivered record (off < S.next) is finished.
 local function is_finished(K, S, m, off)
   if off < S.pos then return redis.call('ZSCORE', K.redo, m) == false end
-  if K.types.done == 'none' then return false end
-  return run_holding(K, off) ~= nil
+  return run_holding(K, S, off) ~= nil
 end
 
 -- Finishes record off: drops its lease or owed entry, attempts and owner.
@@ -322,9 +407,7 @@ local function finish_many(K, S, ms, offs, aligned)
   if #below > 0 then call_many('ZREM', K.redo, below) end
   if #above > 0 then each_stretch(above, function(a, b) add_run(K, S, a, b) end) end
   if S.pos ~= start_pos then
-    if K.types.done ~= 'none' then
-      advance_done(K, S)
-    end
+    advance_done(K, S)
     S.dirty = true
   end
 end
