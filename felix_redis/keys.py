@@ -20,7 +20,7 @@ _NAME_RE = re.compile(NAME_PATTERN)
 SHARD_ROLES = ("meta", "log")
 #: Keys of one group on one shard, in the order scripts receive them (after SHARD_ROLES).
 GROUP_ROLES = (
-    "group", "lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "wake",
+    "group", "lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "wake", "held",
 )
 
 

@@ -6,7 +6,8 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
+--                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
 -- KEYS[7] done       zset: runs of finished offsets above the position (below top),
@@ -16,7 +17,8 @@
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
--- KEYS[13] groups    set: names of the groups on this shard
+-- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
+-- KEYS[14] groups    set: names of the groups on this shard
 -- ARGV[1] name        the group name
 -- ARGV[2] start       'earliest', 'latest' or an offset (integer, 0..tail)
 -- ARGV[3] vt_ms       integer 1..604800000, visibility timeout (lease length) in ms
@@ -36,7 +38,7 @@ local name, start = ARGV[1], ARGV[2]
 local vt = int_arg(ARGV[3], 'visibility_timeout_ms', 1, 604800000)
 local max = int_arg(ARGV[4], 'max_attempts', 1, 1000000)
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
-expect_type(KEYS[13], 'set')
+expect_type(KEYS[14], 'set')
 local m = redis.call('HMGET', K.meta, 'tail', 'first')
 if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 local tail, first = tonumber(m[1]), tonumber(m[2])
@@ -59,5 +61,5 @@ end
 if ARGV[6] == '1' then return 0 end
 redis.call('HSET', K.group, 'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
   'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now_ms()))
-redis.call('SADD', KEYS[13], name)
+redis.call('SADD', KEYS[14], name)
 return 1

@@ -5,7 +5,8 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
+--                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
 -- KEYS[7] done       zset: runs of finished offsets above the position (below top),
@@ -15,7 +16,8 @@
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
--- KEYS[13] groups    set: names of the groups on this shard
+-- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
+-- KEYS[14] groups    set: names of the groups on this shard
 -- ARGV[1] name       the group name
 -- ARGV[2] check      '1': validate only and write nothing; '0': delete
 --
@@ -27,9 +29,9 @@
 require_group_role('group.manage')
 local K = group_keys()
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_role_type(K[kt[1]], kt[1], kt[2]) end
-expect_type(KEYS[13], 'set')
+expect_type(KEYS[14], 'set')
 local existed = redis.call('EXISTS', K.group)
 if ARGV[2] == '1' then return existed end
-for i = 3, 12 do redis.call('DEL', KEYS[i]) end
-redis.call('SREM', KEYS[13], ARGV[1])
+for i = 3, 13 do redis.call('DEL', KEYS[i]) end
+redis.call('SREM', KEYS[14], ARGV[1])
 return existed

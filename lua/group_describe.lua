@@ -4,7 +4,8 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
+--                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
 -- KEYS[7] done       zset: runs of finished offsets above the position (below top),
@@ -14,6 +15,7 @@
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- (no ARGV)
 --
 -- Returns: {position, tail, next, owed, in_flight, dead, oldest unfinished age ms (-1:
@@ -30,8 +32,20 @@ local position = S.pos
 if S.pos == S.next and S.first > S.pos then position = S.first end
 local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
 if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
-local lapsed = redis.call('ZCOUNT', K.lease, '-inf', now)
-local in_flight = redis.call('ZCOUNT', K.lease, '(' .. fmt(now), '(+inf') -- not the sentinel
+-- each lease covers FIRST..LAST (an earlier version's lease, with no held member, one
+-- record; the member it kept at +inf is no lease)
+local lapsed, in_flight = 0, 0
+local leases = redis.call('ZRANGE', K.lease, '-inf', '(+inf', 'BYSCORE', 'WITHSCORES')
+if #leases > 0 then
+  local firsts = {}
+  for i = 1, #leases, 2 do firsts[#firsts + 1] = leases[i] end
+  local lasts = {}
+  if K.types.held ~= 'none' then lasts = call_many('ZMSCORE', K.held, firsts) end
+  for j, f in ipairs(firsts) do
+    local size = tonumber(lasts[j] or f) - tonumber(f) + 1
+    if tonumber(leases[2 * j]) <= now then lapsed = lapsed + size else in_flight = in_flight + size end
+  end
+end
 local owed = redis.call('ZCARD', K.owed) + lapsed
 local age = -1
 if position < S.tail then

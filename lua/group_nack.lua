@@ -5,7 +5,8 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
+--                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
 -- KEYS[7] done       zset: runs of finished offsets above the position (below top),
@@ -15,6 +16,7 @@
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- ARGV[1] offset      integer, the record
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] delay_ms    integer 0..604800000, redeliver no sooner than this
@@ -38,8 +40,7 @@ if attempts >= S.max then
   dead_letter(K, S, off, attempts, 'max_attempts reached: nacked', now)
   status = 2
 else
-  redis.call('ZREM', K.lease, m)
-  S.unleased = true
+  unlease(K, {off})
   release_owner(K, S, m)
   redis.call('HSET', K.attempts, m, attempts)
   redis.call('ZADD', K.owed, now + delay, m)

@@ -9,7 +9,8 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: in-flight offsets, score = lease expiry (ms)
+-- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
+--                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
 -- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
 -- KEYS[7] done       zset: runs of finished offsets above the position (below top),
@@ -19,6 +20,7 @@
 -- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
+-- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
@@ -55,8 +57,7 @@ if reclaim and consumer ~= '' and S.cons then
     local m = s_sub(member, #consumer + 2)
     redis.call('ZREM', K.byowner, member)
     redis.call('HDEL', K.owner, m)
-    if redis.call('ZREM', K.lease, m) == 1 then
-      S.unleased = true
+    if unlease(K, {tonumber(m)}) == 1 then
       local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
       if a >= S.max then
         dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
@@ -83,17 +84,32 @@ if #earliest > 0 and tonumber(earliest[2]) <= now then
   slow = true
   lapsed = redis.call('ZRANGEBYSCORE', K.lease, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records + 64))
 end
-if #lapsed > 0 then S.unleased = true end
-for i = 1, #lapsed, 2 do
-  local m = lapsed[i]
-  redis.call('ZREM', K.lease, m)
-  release_owner(K, S, m)
-  local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
-  if a >= S.max then
-    dead_letter(K, S, tonumber(m), a, 'max_attempts reached: lease lapsed', now)
-  else
-    redis.call('HSET', K.attempts, m, a)
-    redis.call('ZADD', K.owed, lapsed[i + 1], m)
+if #lapsed > 0 then
+  -- the records of each lapsed lease, max_records + 64 at most: the rest of a lease
+  -- that goes over is leased again with the same expiry (the next poll takes it)
+  local firsts = {}
+  for i = 1, #lapsed, 2 do firsts[#firsts + 1] = lapsed[i] end
+  local lasts = {}
+  if K.types.held ~= 'none' then lasts = call_many('ZMSCORE', K.held, firsts) end
+  K.sizes.lease = K.sizes.lease - call_many('ZREM', K.lease, firsts)
+  if K.types.held ~= 'none' then K.sizes.held = K.sizes.held - call_many('ZREM', K.held, firsts) end
+  local budget = max_records + 64
+  for j, f in ipairs(firsts) do
+    local first, last, expiry = tonumber(f), tonumber(lasts[j] or f), lapsed[2 * j]
+    local upto = math.min(last, first + budget - 1)
+    for off = first, upto do
+      local m = fmt(off)
+      release_owner(K, S, m)
+      local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
+      if a >= S.max then
+        dead_letter(K, S, off, a, 'max_attempts reached: lease lapsed', now)
+      else
+        redis.call('HSET', K.attempts, m, a)
+        redis.call('ZADD', K.owed, expiry, m)
+      end
+    end
+    budget = budget - math.max(0, upto - first + 1)
+    if upto < last then add_leases(K, {fmt(math.max(first, upto + 1))}, {fmt(last)}, expiry) end
   end
 end
 
@@ -102,14 +118,12 @@ local o = 5
 local n = 0
 -- numbers passed to redis.call are formatted with %.14g: pass strings made once
 local expiry = fmt(now + S.vt)
--- leases, owners and attempts are written once per poll, for all records together;
--- the leases with the sentinel (a no-op when the zset holds it already)
-local leases, owners, held, counts = {'+inf', LEASE_SENTINEL}, {}, {}, {}
-local l, h = 2, 0
+-- leases, owners and attempts are written once per poll, for all records together:
+-- the leases as ranges (lfirst[i]..llast[i]; one for the new records when nothing was
+-- trimmed between them, one per redelivered record)
+local lfirst, llast, owners, held, counts = {}, {}, {}, {}, {}
+local h = 0
 local function lease(m, id, attempts, fields)
-  l = l + 2
-  leases[l - 1] = expiry
-  leases[l] = m
   -- an in-flight record without an attempts entry is on its first delivery
   if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = fmt(attempts) end
   if consumer ~= '' then
@@ -152,6 +166,8 @@ for _, m in ipairs(due) do
     else
       redis.call('ZREM', K.owed, m)
       lease(m, e[1][1], a + 1, e[1][2])
+      lfirst[#lfirst + 1] = m
+      llast[#llast + 1] = m
     end
   end
 end
@@ -163,20 +179,13 @@ if want > 0 and S.next < S.tail then
   local first = S.next
   local count = #entries
   if count > 0 and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
-    -- dense (nothing trimmed in between, the usual case): offsets follow from the order.
-    -- Anonymous first deliveries (the usual case) are written out here, without a call
-    -- per record; an ID 'OFFSET-MS' with a 13-digit MS (every publish time from 2001 to
-    -- 2286) gives its member by cutting, without formatting a number.
+    -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
+    -- and the records take one lease. Anonymous first deliveries (the usual case) are
+    -- written out here, without a call per record.
     if consumer == '' then
       for i = 1, count do
         local e = entries[i]
         local id, fields = e[1], e[2]
-        local cut = #id - 14
-        local m
-        if cut > 0 and s_byte(id, cut + 1) == 45 then m = s_sub(id, 1, cut) else m = fmt(first + i - 1) end
-        leases[l + 1] = expiry
-        leases[l + 2] = m
-        l = l + 2
         local payload, key
         if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
         out[o + 1] = id
@@ -189,24 +198,30 @@ if want > 0 and S.next < S.tail then
     else
       for i, e in ipairs(entries) do lease(fmt(first + i - 1), e[1], 1, e[2]) end
     end
+    lfirst[#lfirst + 1] = fmt(first)
+    llast[#llast + 1] = fmt(first + count - 1)
     S.next = first + count
   else
+    local fresh = {}
     for _, e in ipairs(entries) do
       local m = s_match(e[1], '^%d+')
       local off = tonumber(m)
       if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
       lease(m, e[1], 1, e[2])
+      fresh[#fresh + 1] = off
       S.next = off + 1
     end
+    each_stretch(fresh, function(a, b)
+      lfirst[#lfirst + 1] = fmt(a)
+      llast[#llast + 1] = fmt(b)
+    end)
     if count == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
   end
   S.dirty = true
 end
 
 if n > 0 then
-  call_many('ZADD', K.lease, leases)
-  -- the zset holds leases again: save_group need not look whether it emptied
-  S.unleased = false
+  add_leases(K, lfirst, llast, expiry)
   if #counts > 0 then call_many('HSET', K.attempts, counts) end
   if consumer ~= '' then
     call_many('HSET', K.owner, owners)

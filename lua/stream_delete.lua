@@ -5,8 +5,8 @@
 -- KEYS[1] meta      hash: the shard's settings
 -- KEYS[2] log       stream: the records
 -- KEYS[3] groups    set: names of the groups on this shard
--- KEYS[4..] group keys, 10 per group in felix_redis.keys.GROUP_ROLES order
--- KEYS[4+10*count..] producer keys of this shard (strings; deleted too)
+-- KEYS[4..] group keys, 11 per group in felix_redis.keys.GROUP_ROLES order
+-- KEYS[4+11*count..] producer keys of this shard (strings; deleted too)
 -- ARGV[1] count     integer, number of groups passed
 -- ARGV[2..] names   the group names, in the order of their keys
 --
@@ -20,14 +20,14 @@
 --- @include "acl"
 require_stream_role('stream.admin')
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 or #KEYS < 3 + 10 * count then fail('INVALID', 'group keys do not match the count') end
+if #ARGV ~= count + 1 or #KEYS < 3 + 11 * count then fail('INVALID', 'group keys do not match the count') end
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 expect_type(KEYS[3], 'set')
 for g = 0, count - 1 do
-  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_role_type(KEYS[3 + 10 * g + i], rt[1], rt[2]) end
+  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_role_type(KEYS[3 + 11 * g + i], rt[1], rt[2]) end
 end
-for i = 4 + 10 * count, #KEYS do expect_type(KEYS[i], 'string') end
+for i = 4 + 11 * count, #KEYS do expect_type(KEYS[i], 'string') end
 if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
 for i = 1, count do
   if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then fail('CONFLICT', 'the groups changed; retry') end

@@ -121,6 +121,17 @@ def dump_keyspace(r: Any) -> dict[bytes, Any]:
     return out
 
 
+def lease_expiry(r: Any, keys: dict[str, str], offset: int) -> float | None:
+    """The expiry (ms) of the lease holding record ``offset``, as docs/keys.md tells to
+    find it (the held key's range holding it, then that range's score in the lease key),
+    or None when the record is not in flight."""
+    found = r.zrange(keys["held"], offset, "+inf", byscore=True, offset=0, num=1, withscores=True)
+    if not found or int(found[0][0]) > offset:
+        return None
+    score = r.zscore(keys["lease"], found[0][0])
+    return None if score is None else float(score)
+
+
 def finished_runs(r: Any, keys: dict[str, str]) -> list[tuple[int, int]]:
     """The runs of finished records above a group's position, ``(first, last)`` in
     ascending order, as docs/keys.md tells to read them: the done key's members (first

@@ -11,6 +11,7 @@ import pytest
 import felix_redis
 from felix_redis import Client, Record
 from felix_redis.keys import GROUP_ROLES
+from tests.conftest import lease_expiry
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 GROUP0 = "felix:{acme/prod/jobs/0}:g:workers"
@@ -94,7 +95,7 @@ def test_create_stores_settings_and_configure_changes_them(client: Client) -> No
     before = server_ms(client.redis)
     (r,) = poll(client, 1)
     after = server_ms(client.redis)
-    expiry = client.redis.zscore(GROUP0 + ":lease", "0")
+    expiry = lease_expiry(client.redis, {"held": GROUP0 + ":held", "lease": GROUP0 + ":lease"}, 0)
     assert before + 60_000 <= expiry <= after + 60_000
     client.group_nack(T, N, S, 0, G, r)
     (r,) = poll(client, 1)

@@ -20,7 +20,7 @@ from felix_redis import Client, Published, Record
 from felix_redis.errors import from_response
 from felix_redis.protocol import Eval
 from felix_redis.testing.server import RedisServer, redis_server_binary
-from tests.conftest import finished_runs
+from tests.conftest import finished_runs, lease_expiry
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 BASE0 = "felix:{acme/prod/jobs/0}"
@@ -617,14 +617,15 @@ def test_8_leases_and_delays_use_server_time(client: Client) -> None:
     before = server_ms(client.redis)
     a, b = poll(client)
     after = server_ms(client.redis)
-    for off in ("0", "1"):
-        expiry = client.redis.zscore(f"{GROUP0}:lease", off)
-        assert before + 5000 <= expiry <= after + 5000
+    keys = {"held": f"{GROUP0}:held", "lease": f"{GROUP0}:lease"}
+    for off in (0, 1):
+        expiry = lease_expiry(client.redis, keys, off)
+        assert expiry is not None and before + 5000 <= expiry <= after + 5000
     before = server_ms(client.redis)
     expiry = client.group_extend(T, N, S, 0, G, a, by=100)
     after = server_ms(client.redis)
     assert before + 100_000 <= expiry <= after + 100_000
-    assert client.redis.zscore(f"{GROUP0}:lease", "0") == expiry
+    assert lease_expiry(client.redis, keys, 0) == expiry
     before = server_ms(client.redis)
     client.group_nack(T, N, S, 0, G, b, delay=7)
     after = server_ms(client.redis)
@@ -762,7 +763,7 @@ def test_9_bad_input_is_refused_before_anything_is_written(stream: Client, uncha
 
 @pytest.mark.parametrize(
     "plant",
-    ["lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "wake", "group"],
+    ["lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "wake", "held", "group"],
 )
 def test_9_wrong_key_type_is_refused(stream: Client, unchanged: Any, plant: str) -> None:
     c = stream

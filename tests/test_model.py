@@ -41,9 +41,9 @@ from tests.conftest import finished_runs
 T, N, S, G = "acme", "prod", "jobs", "workers"
 VT_MS = 600_000  # leases never lapse by themselves while an example runs
 DELAY_S = 600.0  # a delayed nack stays not due until the test makes it due
-LEASE, OWED = GROUP_ROLES.index("lease"), GROUP_ROLES.index("owed")
+LEASE, OWED, HELD = GROUP_ROLES.index("lease"), GROUP_ROLES.index("owed"), GROUP_ROLES.index("held")
 #: Per-record group state that must be gone once every record is finished.
-RECORD_STATE_ROLES = ("lease", "owed", "attempts", "done", "redo", "owner", "byowner")
+RECORD_STATE_ROLES = ("lease", "owed", "attempts", "done", "redo", "owner", "byowner", "held")
 #: Named consumers; "a" is a prefix of the others (the reclaim range must not mix them).
 CONSUMERS = st.sampled_from([None, "a", "ab", "a.b"])
 
@@ -305,7 +305,20 @@ class GroupMachine(RuleBasedStateMachine):
         """Time passes for one lease: its expiry moves into the past."""
         s, o = data.draw(st.sampled_from(self.where(State.IN_FLIGHT)))
         moment = next(self.clock)
-        assert self.raw.zadd(self.key(s, LEASE), {str(o): moment}, xx=True, ch=True) == 1
+        # the record's lease covers a range (docs/keys.md): the record gets one of its own
+        lease, held = self.key(s, LEASE), self.key(s, HELD)
+        ((first, last),) = self.raw.zrange(held, o, "+inf", byscore=True, offset=0, num=1, withscores=True)
+        first, last = int(first), int(last)
+        assert first <= o <= last
+        expiry = self.raw.zscore(lease, first)
+        pipe = self.raw.pipeline(transaction=True)
+        pipe.zrem(lease, first)
+        pipe.zrem(held, first)
+        for a, b, score in ((first, o - 1, expiry), (o + 1, last, expiry), (o, o, moment)):
+            if a <= b:
+                pipe.zadd(lease, {str(a): score})
+                pipe.zadd(held, {str(a): b})
+        pipe.execute()
         self.model[s].lapse(o, moment)
 
     @precondition(lambda self: self.where(State.OWED, due=False))

@@ -158,7 +158,7 @@ def test_safe_queue_after_soak_keeps_no_group_state(client: felix_redis.Client, 
     client.stream_trim(T, N, "q")
     raw = backend[1]
     keys = client.group_keys(T, N, "q", "g")[0]
-    for role in ("lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner"):
+    for role in ("lease", "owed", "attempts", "done", "redo", "dead", "owner", "byowner", "held"):
         assert not raw.exists(keys[role]), f"{role} left behind"
     assert raw.xlen(keys["log"]) == 100
 

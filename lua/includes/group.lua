@@ -2,7 +2,7 @@
 -- Scripts that include it receive KEYS in this order (see felix_redis/keys.py):
 --   KEYS[1] meta, KEYS[2] log, KEYS[3] group, KEYS[4] lease, KEYS[5] owed,
 --   KEYS[6] attempts, KEYS[7] done, KEYS[8] redo, KEYS[9] dead, KEYS[10] owner,
---   KEYS[11] byowner, KEYS[12] wake
+--   KEYS[11] byowner, KEYS[12] wake, KEYS[13] held
 
 --- @include "roles"
 --- @include "acl"
@@ -17,11 +17,13 @@ local function group_keys()
   return {
     meta = KEYS[1], log = KEYS[2], group = KEYS[3], lease = KEYS[4], owed = KEYS[5],
     attempts = KEYS[6], done = KEYS[7], redo = KEYS[8], dead = KEYS[9], owner = KEYS[10],
-    byowner = KEYS[11], wake = KEYS[12],
+    byowner = KEYS[11], wake = KEYS[12], held = KEYS[13],
     types = {
       meta = false, log = false, group = false, lease = false, owed = false, attempts = false,
       done = false, redo = false, dead = false, owner = false, byowner = false, wake = false,
+      held = false,
     },
+    sizes = {lease = 0, held = 0},
   }
 end
 
@@ -35,7 +37,7 @@ end
 local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', set = 'SCARD', stream = 'XLEN'}
 local RARE_ROLES = {'attempts', 'redo', 'owner', 'byowner'}
 -- done last: a done set of an older version is converted once every other key passed
-local OTHER_ROLES = {'log', 'lease', 'owed', 'dead', 'wake', 'done'}
+local OTHER_ROLES = {'log', 'lease', 'held', 'owed', 'dead', 'wake', 'done'}
 local ROLE_TYPE = {}
 for _, kt in ipairs(GROUP_KEY_TYPES) do ROLE_TYPE[kt[1]] = kt[2] end
 
@@ -47,6 +49,7 @@ local function check_type(K, role)
     error(n, 0)
   end
   K.types[role] = n > 0 and want or 'none'
+  if role == 'lease' or role == 'held' then K.sizes[role] = n end
 end
 
 -- Calls fn(first, last) for each stretch of consecutive offsets in the ascending list
@@ -80,6 +83,11 @@ local function convert_done_set(K)
   return true
 end
 
+-- The member earlier versions kept in the lease key while it held leases (score +inf):
+-- no lease.
+local LEASE_SENTINEL = '~felix-redis: keeps this sorted set a skiplist; not a lease, '
+  .. 'removed with the last lease (docs/keys.md)~'
+
 local function check_types(K)
   if redis.call('EXISTS', K.attempts, K.redo, K.owner, K.byowner) == 0 then
     for _, role in ipairs(RARE_ROLES) do K.types[role] = 'none' end
@@ -87,6 +95,12 @@ local function check_types(K)
     for _, role in ipairs(RARE_ROLES) do check_type(K, role) end
   end
   for i = 1, #OTHER_ROLES - 1 do check_type(K, OTHER_ROLES[i]) end
+  if K.sizes.lease > K.sizes.held and redis.pcall('ZREM', K.lease, LEASE_SENTINEL) == 1 then
+    -- an earlier version's leases, with the member that is no lease (removed where the
+    -- script may write)
+    K.sizes.lease = K.sizes.lease - 1
+    if K.sizes.lease == 0 then K.types.lease = 'none' end
+  end
   local n = redis.pcall('ZCARD', K.done)
   if type(n) == 'table' then
     if redis.call('TYPE', K.done)['ok'] ~= 'set' then
@@ -147,27 +161,99 @@ local function load_group(K)
   }
 end
 
--- Writes back the parts of S that scripts change.
--- The lease zset holds this member (score +inf) while it holds leases: a member longer
--- than zset-max-listpack-value (64 bytes by default) keeps Redis from storing the zset
--- as a listpack, whose inserts and removals scan the whole list (quadratic for a poll
--- or an ack of a batch); a skiplist takes each in logarithmic time. It is never an
--- offset, lies after every real lease, and goes with the last lease (save_group).
-local LEASE_SENTINEL = '~felix-redis: keeps this sorted set a skiplist; not a lease, '
-  .. 'removed with the last lease (docs/keys.md)~'
+-- Leases. A lease covers a range of consecutive offsets FIRST..LAST, all in flight under
+-- one expiry: the lease key holds member FIRST scored by the expiry (ms), the held key
+-- member FIRST scored LAST. A poll's new records take one lease, so a lease costs two
+-- members however many records it covers; a redelivered record takes one of its own. A
+-- record leaves its lease (ack, nack, dead letter, extend, lapse) by splitting it: the
+-- rest keeps the expiry. Ranges never overlap, and every record in one is in flight.
+-- Earlier versions kept one lease member per record and no held key: such a member (in
+-- the lease key, not in the held key) is a lease of that one record, and the member
+-- below, which they kept while leases existed, is no lease and is removed.
 
--- The first real lease as {member, expiry} of a ZRANGE WITHSCORES, or {} when none.
+-- The first lease as {FIRST, expiry} of a ZRANGE WITHSCORES, or {} when none.
 local function first_lease(K)
   local l = redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES')
   if l[1] == LEASE_SENTINEL then return {} end
   return l
 end
 
-local function save_group(K, S)
-  if S.unleased then
-    -- leases were removed: only the sentinel left means no lease at all
-    if redis.call('ZCOUNT', K.lease, '-inf', '(+inf') == 0 then redis.call('DEL', K.lease) end
+-- The lease holding delivered record off: its range's first and last offsets, or nil
+-- when the record is not in flight.
+local function lease_holding(K, off)
+  if K.types.lease == 'none' then return nil end
+  local m = fmt(off)
+  if K.types.held ~= 'none' then
+    local r = redis.call('ZRANGE', K.held, m, '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
+    if r[1] then
+      local first = tonumber(r[1])
+      if first <= off then return first, tonumber(r[2]) end
+    end
   end
+  -- an earlier version's lease of one record
+  if K.sizes.lease > K.sizes.held and redis.call('ZSCORE', K.lease, m) then return off, off end
+  return nil
+end
+
+-- Adds leases: firsts and lasts (strings, same length), all expiring at expiry (string).
+local function add_leases(K, firsts, lasts, expiry)
+  local n = #firsts
+  if n == 0 then return end
+  local l, h = {}, {}
+  for i = 1, n do
+    l[2 * i - 1], l[2 * i] = expiry, firsts[i]
+    h[2 * i - 1], h[2 * i] = lasts[i], firsts[i]
+  end
+  call_many('ZADD', K.lease, l)
+  call_many('ZADD', K.held, h)
+  K.types.lease, K.types.held = 'zset', 'zset'
+  K.sizes.lease, K.sizes.held = K.sizes.lease + n, K.sizes.held + n
+end
+
+-- Takes the delivered records offs (ascending, no repeats) out of their leases; the rest
+-- of each lease keeps its expiry. Returns how many were in flight and a table offset ->
+-- true of those. One lookup per lease touched (and per record not in flight).
+local function unlease(K, offs)
+  local taken, count = {}, 0
+  if K.types.lease == 'none' then return 0, taken end
+  local gone, pieces = {}, {}
+  local i, n = 1, #offs
+  while i <= n do
+    local first, last = lease_holding(K, offs[i])
+    if not first then
+      i = i + 1
+    else
+      local j = i
+      while j < n and offs[j + 1] <= last do j = j + 1 end
+      local f = fmt(first)
+      gone[#gone + 1] = f
+      local expiry, from = nil, first
+      for k = i, j do
+        local o = offs[k]
+        if o > from then
+          expiry = expiry or redis.call('ZSCORE', K.lease, f)
+          pieces[#pieces + 1] = {from, o - 1, expiry}
+        end
+        from = o + 1
+        taken[o] = true
+      end
+      if from <= last then
+        expiry = expiry or redis.call('ZSCORE', K.lease, f)
+        pieces[#pieces + 1] = {from, last, expiry}
+      end
+      count = count + j - i + 1
+      i = j + 1
+    end
+  end
+  if #gone > 0 then
+    K.sizes.lease = K.sizes.lease - call_many('ZREM', K.lease, gone)
+    if K.types.held ~= 'none' then K.sizes.held = K.sizes.held - call_many('ZREM', K.held, gone) end
+  end
+  for _, p in ipairs(pieces) do add_leases(K, {fmt(p[1])}, {fmt(p[2])}, p[3]) end
+  return count, taken
+end
+
+local function save_group(K, S)
   if S.dirty then
     -- the position fields always; the others when they changed
     local args, g = {'pos', fmt(S.pos), 'next', fmt(S.next)}, S.loaded
@@ -355,7 +441,7 @@ end
 -- Finishes record off: drops its lease or owed entry, attempts and owner.
 local function finish(K, S, off)
   local m = fmt(off)
-  if redis.call('ZREM', K.lease, m) == 0 then redis.call('ZREM', K.owed, m) else S.unleased = true end
+  if unlease(K, {off}) == 0 then redis.call('ZREM', K.owed, m) end
   redis.call('HDEL', K.attempts, m)
   release_owner(K, S, m)
   mark_done(K, S, off)
@@ -405,7 +491,13 @@ local function finish_many(K, S, ms, offs, aligned)
     end
   end
   if #below > 0 then call_many('ZREM', K.redo, below) end
-  if #above > 0 then each_stretch(above, function(a, b) add_run(K, S, a, b) end) end
+  local m = #above
+  if m > 0 and above[m] - above[1] == m - 1 then
+    -- one stretch (a poll's records acked together, the usual case)
+    add_run(K, S, above[1], above[m])
+  elseif m > 0 then
+    each_stretch(above, function(a, b) add_run(K, S, a, b) end)
+  end
   if S.pos ~= start_pos then
     advance_done(K, S)
     S.dirty = true
@@ -493,11 +585,7 @@ local function ack_many(K, S, ms, offs, statuses)
   end
   -- unfinished = in flight (lease) or owed; anything else delivered is finished already
   local unfinished = uniq
-  local removed = 0
-  if K.types.lease ~= 'none' then
-    removed = call_many('ZREM', K.lease, uniq)
-    if removed > 0 then S.unleased = true end
-  end
+  local removed, taken = unlease(K, offs)
   local finished = nil
   if removed < #uniq then
     -- some were owed or finished: tell them apart. The done runs and the redo marks are
@@ -506,7 +594,9 @@ local function ack_many(K, S, ms, offs, statuses)
     local owed, owed_scores = {}, {}
     if K.types.owed ~= 'none' then owed_scores = call_many('ZMSCORE', K.owed, uniq) end
     for j, m in ipairs(uniq) do
-      if owed_scores[j] then
+      if taken[tonumber(m)] then
+        unfinished[#unfinished + 1] = m
+      elseif owed_scores[j] then
         owed[#owed + 1] = m
         unfinished[#unfinished + 1] = m
       elseif not is_finished(K, S, m, tonumber(m)) then
@@ -560,7 +650,8 @@ local function check_claim(K, S, off, attempts, now)
   if off >= S.tail then
     fail('NOT_FOUND', 'offset ' .. m .. ' does not exist (the tail is ' .. fmt(S.tail) .. ')')
   end
-  local expiry = redis.call('ZSCORE', K.lease, m)
+  local first = lease_holding(K, off)
+  local expiry = first and redis.call('ZSCORE', K.lease, fmt(first))
   if not expiry then
     if off >= S.next then fail('STALE_CLAIM', 'record ' .. m .. ' has not been delivered') end
     if is_finished(K, S, m, off) then fail('STALE_CLAIM', 'record ' .. m .. ' is already finished') end

@@ -4,6 +4,7 @@
 local GROUP_ROLE_TYPES = {
   {'group', 'hash'}, {'lease', 'zset'}, {'owed', 'zset'}, {'attempts', 'hash'}, {'done', 'zset'},
   {'redo', 'zset'}, {'dead', 'hash'}, {'owner', 'hash'}, {'byowner', 'zset'}, {'wake', 'stream'},
+  {'held', 'zset'},
 }
 
 -- expect_type for the key of group role `role`, except that the done key may still be
