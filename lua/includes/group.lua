@@ -324,8 +324,9 @@ local function run_ending(K, last)
   return redis.call('ZRANGE', K.done, m, m, 'BYSCORE')[1]
 end
 
--- Marks the unfinished records a..b (S.pos < a, b < S.next) finished, merged with the
--- runs next to them.
+-- Marks the unfinished records a..b (S.pos < a) finished, merged with the runs next to
+-- them. b < S.next, except for records retention trimmed before a poll handed them out
+-- (skip_trimmed, before the poll moves S.next past them): nothing lies above those.
 local function add_run(K, S, a, b)
   local top_first, top_last = S.top_first, S.top_last
   if top_first then
