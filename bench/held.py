@@ -8,7 +8,7 @@ behind ``--finished`` records already finished above them; 100 held back behind 
 many. Each figure is the server time per poll (INFO commandstats) and its ratio to the
 group with none held back.
 
-    python bench/held.py [--finished 200000] [--rounds 40] [--out FILE]
+    python bench/held.py [--finished 200000] [--rounds 200] [--out FILE]
 
 Prints one JSON document.
 """
@@ -66,7 +66,7 @@ def measure(finished: int, rounds: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--finished", type=int, default=200_000, help="records finished above the held ones")
-    parser.add_argument("--rounds", type=int, default=40, help="alternating steps of 20 polls per group")
+    parser.add_argument("--rounds", type=int, default=200, help="alternating steps of 20 polls per group")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     emit(measure(args.finished, args.rounds), args.out)
