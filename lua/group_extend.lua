@@ -34,10 +34,10 @@ if ARGV[3] ~= '' then by = int_arg(ARGV[3], 'extend by_ms', 1, 604800000) end
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
-local m = check_claim(K, S, off, attempts, now)
+local m, lease = check_claim(K, S, off, attempts, now)
 local expiry = now + (by or S.vt)
 -- the record leaves its lease (shared with the records polled with it) for one of its own
-unlease(K, {off})
+unlease(K, {off}, lease)
 add_leases(K, {m}, {m}, fmt(expiry))
 -- a shorter lease may now fall due before a long-poller's timer
 wake(K, S)

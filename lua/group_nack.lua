@@ -34,13 +34,13 @@ local delay = int_arg(ARGV[3], 'delay_ms', 0, 604800000)
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
-local m = check_claim(K, S, off, attempts, now)
+local m, lease = check_claim(K, S, off, attempts, now)
 local status
 if attempts >= S.max then
   dead_letter(K, S, off, attempts, 'max_attempts reached: nacked', now)
   status = 2
 else
-  unlease(K, {off})
+  unlease(K, {off}, lease)
   release_owner(K, S, m)
   redis.call('HSET', K.attempts, m, attempts)
   redis.call('ZADD', K.owed, now + delay, m)

@@ -212,14 +212,21 @@ end
 
 -- Takes the delivered records offs (ascending, no repeats) out of their leases; the rest
 -- of each lease keeps its expiry. Returns how many were in flight and a table offset ->
--- true of those. One lookup per lease touched (and per record not in flight).
-local function unlease(K, offs)
+-- true of those. One lookup per lease touched (and per record not in flight); none for
+-- offs[1] when its lease is known ({first, last, expiry}, as check_claim returns it).
+local function unlease(K, offs, known)
   local taken, count = {}, 0
   if K.types.lease == 'none' then return 0, taken end
   local gone, pieces = {}, {}
   local i, n = 1, #offs
   while i <= n do
-    local first, last = lease_holding(K, offs[i])
+    local first, last, expiry
+    if known then
+      first, last, expiry = known[1], known[2], known[3]
+      known = nil
+    else
+      first, last = lease_holding(K, offs[i])
+    end
     if not first then
       i = i + 1
     else
@@ -227,7 +234,7 @@ local function unlease(K, offs)
       while j < n and offs[j + 1] <= last do j = j + 1 end
       local f = fmt(first)
       gone[#gone + 1] = f
-      local expiry, from = nil, first
+      local from = first
       for k = i, j do
         local o = offs[k]
         if o > from then
@@ -645,13 +652,14 @@ local function skip_trimmed(K, S, a, b)
 end
 
 -- The claim (off, attempts) must be current: record in flight, same attempts, lease
--- not lapsed. Returns the record's member string; fails STALE_CLAIM otherwise.
+-- not lapsed. Returns the record's member string and its lease {first, last, expiry}
+-- (for unlease); fails STALE_CLAIM otherwise.
 local function check_claim(K, S, off, attempts, now)
   local m = fmt(off)
   if off >= S.tail then
     fail('NOT_FOUND', 'offset ' .. m .. ' does not exist (the tail is ' .. fmt(S.tail) .. ')')
   end
-  local first = lease_holding(K, off)
+  local first, last = lease_holding(K, off)
   local expiry = first and redis.call('ZSCORE', K.lease, fmt(first))
   if not expiry then
     if off >= S.next then fail('STALE_CLAIM', 'record ' .. m .. ' has not been delivered') end
@@ -666,7 +674,7 @@ local function check_claim(K, S, off, attempts, now)
   if tonumber(expiry) <= now then
     fail('STALE_CLAIM', 'the lease on record ' .. m .. ' lapsed')
   end
-  return m
+  return m, {first, last, expiry}
 end
 
 -- Earliest time (ms) an owed record or a lease falls due, or -1 when none.
