@@ -388,3 +388,74 @@ def test_async_publish_keeps_a_non_ascii_key(raw: redis.Redis, redis_url: str) -
         assert record.key == "clé-ключ" and record.payload == "paiement reçu ✓".encode()
     finally:
         reader.close()
+
+
+def test_sync_lane_packs_commands_as_redis_py_does() -> None:
+    """The synchronous lane packs with hiredis itself, to the bytes redis-py sends; another
+    text encoding, or a value hiredis refuses, is left to redis-py (None)."""
+    from redis.connection import Connection
+
+    conn = Connection()
+    args = ("FCALL", "felix_x_publish", 3, "felix:{t/n/s/0}:meta", "k", "ключ", "", 0, 2**53, -5, 1.5,
+            b"\x00\xff payload")
+    assert lane_module._sync_pack(conn, args) == b"".join(conn.pack_command(*args))
+    assert lane_module._sync_pack(conn, list(args)) == b"".join(conn.pack_command(*args))
+    assert lane_module._sync_pack(Connection(encoding="latin-1"), ("SET", "k", "é")) is None
+    assert lane_module._sync_pack(conn, ("SET", "k", None)) is None
+
+
+def test_lane_calls_skip_redis_py_layers_but_not_its_checks(
+    redis_client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Script calls on a plain connection are written to its socket and read by its
+    parser; a connection with health checks goes through send_command/read_response."""
+    redis_client.stream_create(T, N, S)
+    redis_client.publish(T, N, S, b"a")
+    conn = lane_conn(redis_client)
+    layered: list[str] = []
+    real_send, real_read = conn.send_command, conn.read_response
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        layered.append("send")
+        return real_send(*args, **kwargs)
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        layered.append("read")
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "send_command", send)
+    monkeypatch.setattr(conn, "read_response", read)
+    assert [redis_client.publish(T, N, S, b"x").offset for _ in range(3)] == [1, 2, 3]
+    assert layered == []
+    with pytest.raises(felix_redis.NotFound):  # an error reply, read on the fast path
+        redis_client.publish(T, N, "missing", b"x")
+    assert layered == []
+    monkeypatch.setattr(conn, "health_check_interval", 30)
+    assert redis_client.publish(T, N, S, b"y").offset == 4
+    assert "send" in layered and "read" in layered
+
+
+def test_lane_failure_mid_call_drops_the_connection_and_the_retry_writes_once(
+    redis_client: felix_redis.Client, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout while the fast path reads a reply: the connection is dropped (its reply
+    may still come) and the call fails as redis-py's would; the client's own retry of
+    the (idempotent) publish lands on a new connection, once."""
+    redis_client.stream_create(T, N, S)
+    assert redis_client.publish(T, N, S, b"a").offset == 0
+    conn = lane_conn(redis_client)
+    first_id = lane_client_id(redis_client)
+    parser = conn._parser
+    real = parser.read_response
+    failures = [TimeoutError("injected")]  # what a socket raises
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(parser, "read_response", flaky)
+    assert redis_client.publish(T, N, S, b"b").offset == 1
+    assert failures == []
+    assert lane_client_id(redis_client) != first_id
+    assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
