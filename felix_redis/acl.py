@@ -97,11 +97,11 @@ def rules(
         read = [*shard_keys, *group_keys, cap]
         write = group_keys + ([f"{base}:groups"] if role == "group.manage" else [])
     elif role == "stream.publish":
-        producers = f"{base}:producer:*"
         # trimming (after a publish, when the stream has retention) reads every group's
-        # position; the idempotent producer takes its id from a counter shared by all tenants
-        read = [*shard_keys, f"{base}:g:*", producers, cap, producer_ids_key(p)]
-        write = [f"{base}:meta", f"{base}:log", producers]
+        # position; the idempotent producer takes its id from a counter shared by all
+        # tenants (and keeps its state in the shard's meta hash)
+        read = [*shard_keys, f"{base}:g:*", cap, producer_ids_key(p)]
+        write = [f"{base}:meta", f"{base}:log"]
         extra = [f"(+incr ~{producer_ids_key(p)})"]
     else:  # stream.admin: every key of the stream, and the registry all tenants share
         read = [f"{base}:*", cap, registry_key(p)]

@@ -116,7 +116,16 @@ class StreamName:
         return [g] + [f"{g}:{role}" for role in GROUP_ROLES[1:]]
 
     def producer_key(self, shard: int, producer_id: int) -> str:
+        """The string key in which an earlier key layout kept a producer's state (now a
+        field of the meta hash, :func:`producer_field`); stream_delete still deletes any
+        left."""
         return f"{self.base(shard)}:producer:{producer_id}"
+
+
+def producer_field(producer_id: int | str) -> str:
+    """The meta-hash field holding an idempotent producer's state on a shard:
+    ``SEQ FIRST COUNT MS EXPIRES`` (lua/publish.lua)."""
+    return f"producer:{producer_id}"
 
 
 def registry_key(prefix: str) -> str:

@@ -775,7 +775,7 @@ class Core:
         trims = bool(settings.max_len or settings.max_age)
         if producer is None:
             reply = yield Eval(
-                "publish", [meta, log, meta], [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
+                "publish", [meta, log], [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
                 context, settings.replicas,
             )
             if trims:
@@ -789,7 +789,7 @@ class Core:
         slot = (name.path, shard)
         seq = producer.sequences.get(slot, 0) + 1
         op = Eval(
-            "publish", [meta, log, name.producer_key(shard, pid)],
+            "publish", [meta, log],
             [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
             context, settings.replicas,
         )
@@ -865,7 +865,7 @@ class Core:
         meta, log, context = self.shard_target(name, shard)
         slot = (path, shard)
         op = Eval(
-            "publish", [meta, log, name.producer_key(shard, pid)],
+            "publish", [meta, log],
             [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, payload],
             context, settings.replicas,
         )

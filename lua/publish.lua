@@ -1,16 +1,25 @@
 -- publish: append one or more records to one shard, atomically, with dense offsets.
--- With a producer id, the shard remembers the producer's last sequence and its offsets:
--- a re-send of that sequence returns the original offsets and appends nothing.
+-- With a producer id, the shard remembers the producer's last sequence and its offsets
+-- in its meta hash: a re-send of that sequence returns the original offsets and appends
+-- nothing.
 --
--- KEYS[1] meta         hash: settings, tail (next offset to assign)
+-- KEYS[1] meta         hash: settings, tail (next offset to assign), first (first offset
+--                      kept); per idempotent producer ID the field 'producer:ID' =
+--                      'SEQ FIRST COUNT MS EXPIRES' of its last publish (MS: its publish
+--                      time, EXPIRES: ms since the epoch after which the field may be
+--                      pruned), and 'producer_scan', the HSCAN cursor of that pruning
 -- KEYS[2] log          stream: records as entry ID OFFSET-PUBLISHMS, fields p (payload), k (key)
--- KEYS[3] producer     string: 'EPOCH SEQ FIRST COUNT MS' of the producer's last publish
---                      (any key of the shard's tag when ARGV[2] is '')
 -- ARGV[1] key          record key, '' for none
 -- ARGV[2] producer_id  decimal producer id, '' for a plain publish
 -- ARGV[3] sequence     integer >= 1, the producer's per-shard sequence ('0' when none)
--- ARGV[4] idle_ms      integer, milliseconds the producer state is kept after its last use
+-- ARGV[4] idle_ms      integer, milliseconds the producer's state is kept after its last
+--                      publish on this shard
 -- ARGV[5..] payloads   1..10000 payloads (bytes)
+--
+-- A producer's state is one field of the meta hash, read and written by the commands a
+-- publish sends anyway (HMGET, HSET). Fields past EXPIRES are pruned a few at a time, by
+-- the publishes of producers new to the shard: an expired state left unpruned still
+-- answers its producer (as if its idle time were longer), nothing else.
 --
 -- Role: stream.publish, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:publish, derived from KEYS[1]; never passed nor accessed.
@@ -22,48 +31,49 @@
 -- argument), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
 --- @include "acl"
 require_stream_role('stream.publish')
+if #KEYS ~= 2 then fail('INVALID', 'publish takes 2 keys (meta, log), got ' .. fmt(#KEYS)) end
 local count = #ARGV - 4
 if count < 1 or count > 10000 then fail('INVALID', 'a publish carries 1 to 10000 payloads') end
-local key, pid, seq_s, idle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local key, pid, seq_s, idle_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local seq = int_arg(seq_s, 'sequence', 0, 2 ^ 52)
--- the same few idle times come every call: checked once (idle is passed on as the string)
-int_arg_seen(idle, 'producer idle_ms', 1, 2 ^ 40)
+-- the same few idle times come every call: checked once
+local idle = int_arg_seen(idle_s, 'producer idle_ms', 1, 2 ^ 40)
 -- Type checks ride on the first command on each key, all before the first write: the
--- meta read, the producer read, and the first XADD (the first write itself).
-local m = typed_call('hash', 'HMGET', KEYS[1], 'tail', 'max_payload', 'created', 'first')
+-- meta read and the first XADD (the first write itself).
+local meta, field, m = KEYS[1], nil, nil
+if pid == '' then
+  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first')
+else
+  if seq < 1 then fail('INVALID', 'sequence must be >= 1') end
+  if #pid > 20 or not s_match(pid, '^%d+$') then fail('INVALID', 'producer id must be a decimal integer') end
+  field = 'producer:' .. pid
+  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first', field, 'producer_scan')
+end
 local tail_s = m[1]
 if not tail_s then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-local max_payload, epoch = setting_num(m[2]), m[3]
+local max_payload = setting_num(m[2])
 for i = 5, #ARGV do
   if #ARGV[i] > max_payload then
     fail('INVALID', 'payload ' .. fmt(i - 5) .. ' is ' .. fmt(#ARGV[i]) .. ' bytes; this stream accepts at most '
       .. fmt(max_payload))
   end
 end
-if pid ~= '' then
-  if seq < 1 then fail('INVALID', 'sequence must be >= 1') end
-  local state = typed_call('string', 'GET', KEYS[3])
-  -- state: 'EPOCH SEQ FIRST COUNT MS'. The next sequence, the usual case, needs only
-  -- the epoch (compared in place) and SEQ (cut out with plain finds); the whole state is
-  -- matched for a re-send or a refusal, and one this script did not write counts as none.
-  local last
-  if state and epoch then
-    local n = #epoch
-    if s_byte(state, n + 1) == 32 and s_find(state, epoch, 1, true) == 1 then
-      local j = s_find(state, ' ', n + 2, true)
-      last = j and tonumber(s_sub(state, n + 2, j - 1))
-    end
-  end
+local state = field and m[4]
+if state then
+  -- state: 'SEQ FIRST COUNT MS EXPIRES'. The next sequence, the usual case, needs only
+  -- SEQ (cut out with a plain find); the whole state is matched for a re-send or a
+  -- refusal, and one this script did not write counts as none.
+  local j = s_find(state, ' ', 1, true)
+  local last = j and tonumber(s_sub(state, 1, j - 1))
   if last and seq ~= last + 1 then
-    local _, _, first, n, ms = s_match(state, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    local first, n, ms = s_match(state, '^%d+ (%d+) (%d+) (%d+) %d+$')
     if first then
       if seq == last then
         if tonumber(n) ~= count then
           fail('SEQUENCE', 'sequence ' .. fmt(seq) .. ' was sent before with ' .. n .. ' records, now '
             .. fmt(count))
         end
-        redis.call('PEXPIRE', KEYS[3], idle)
-        return {tonumber(first), count, ms, 1, m[4]}
+        return {tonumber(first), count, ms, 1, m[3]}
       elseif seq < last then
         fail('SEQUENCE', 'sequence ' .. fmt(seq) .. ' is older than the last one (' .. fmt(last) .. ')')
       end
@@ -93,8 +103,26 @@ if count > 1 then
     end
   end
 end
-redis.call('HSET', KEYS[1], 'tail', fmt(tail + count))
-if pid ~= '' then
-  redis.call('SET', KEYS[3], epoch .. ' ' .. seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms, 'PX', idle)
+if not field then
+  redis.call('HSET', meta, 'tail', fmt(tail + count))
+  return {tail, count, ms, 0, m[3]}
 end
-return {tail, count, ms, 0, m[4]}
+local now = tonumber(ms)
+local new_state = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. fmt(now + idle)
+if state then
+  redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state)
+  return {tail, count, ms, 0, m[3]}
+end
+-- A producer new to this shard (or pruned): one pruning step over the producer fields,
+-- from the cursor the last step left, deleting those past their EXPIRES.
+local scan = redis.call('HSCAN', meta, m[5] or '0', 'MATCH', 'producer:*', 'COUNT', 64)
+local found, expired = scan[2], {}
+for i = 2, #found, 2 do
+  local expires = tonumber(s_match(found[i], '^%d+ %d+ %d+ %d+ (%d+)$'))
+  if expires and expires <= now then expired[#expired + 1] = found[i - 1] end
+end
+for i = 1, #expired, 1000 do
+  redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, #expired)))
+end
+redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state, 'producer_scan', scan[1])
+return {tail, count, ms, 0, m[3]}

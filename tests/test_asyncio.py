@@ -510,10 +510,11 @@ def test_plain_publish_survives_a_shard_that_forgot_its_sequences(backend: tuple
     async def scenario(c: fa.AsyncClient, url: str) -> None:
         await c.stream_create(T, N, S)
         await c.publish(T, N, S, b"a", shard=0)
-        (pk,) = raw.keys("*:producer:*")
-        saved = raw.dump(pk)
+        meta = f"felix:{{{T}/{N}/{S}/0}}:meta"
+        (field,) = [f for f in raw.hkeys(meta) if f.startswith(b"producer:")]
+        saved = raw.hget(meta, field)
         await c.publish(T, N, S, b"b", shard=0)
-        raw.restore(pk, 0, saved, replace=True)
+        raw.hset(meta, field, saved)
         assert (await c.publish(T, N, S, b"c", shard=0)).offset == 2
         assert (await c.publish_batch(T, N, S, [b"d"], shard=0))[0].offset == 3
         assert [r.payload for r in await c.read(T, N, S, 0, 0)] == [b"a", b"b", b"c", b"d"]

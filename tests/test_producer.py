@@ -12,6 +12,7 @@ import redis
 
 import felix_redis
 from felix_redis.errors import from_response
+from felix_redis.keys import producer_field
 from felix_redis.protocol import Eval, ProducerState, Sleep
 
 T, N, S = "acme", "prod", "jobs"
@@ -42,10 +43,20 @@ def lose_replies(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch, ti
     return ops
 
 
-def run_publish_script(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> list[Any]:
-    name = client.core.name(T, N, S)
-    keys = [*name.shard_keys(0), name.producer_key(0, pid)]
-    return client._run_script("publish", keys, [b"", pid, seq, 3_600_000, *(payloads or [b"payload"])])
+def meta_key(client: felix_redis.Client, shard: int = 0) -> str:
+    return client.core.name(T, N, S).shard_keys(shard)[0]
+
+
+def producer_fields(client: felix_redis.Client, shard: int = 0) -> dict[bytes, bytes]:
+    """The producer states in a shard's meta hash, by field."""
+    meta = client.redis.hgetall(meta_key(client, shard))
+    return {f: v for f, v in meta.items() if f.startswith(b"producer:")}
+
+
+def run_publish_script(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes,
+                       idle_ms: int = 3_600_000) -> list[Any]:
+    keys = client.core.name(T, N, S).shard_keys(0)
+    return client._run_script("publish", keys, [b"", pid, seq, idle_ms, *(payloads or [b"payload"])])
 
 
 def script_error(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> Exception | None:
@@ -165,6 +176,7 @@ def test_plain_publish_without_idempotence_can_duplicate(
             client.publish(T, N, S, b"x")
         assert tail(client) == 1
         assert not client.redis.keys("*producer*")
+        assert producer_fields(client) == {}
     finally:
         client.close()
 
@@ -205,32 +217,47 @@ def test_sequence_gap_and_older_sequence_are_refused(client: felix_redis.Client)
     assert tail(client) == before + 1
 
 
-def test_state_of_another_stream_epoch_or_another_format_counts_as_none(client: felix_redis.Client) -> None:
-    """publish.lua reads the next sequence with plain finds and matches the whole state only
-    for a re-send or a refusal: a state left by a deleted stream of the same name (another
-    epoch), or one it did not write, is no state, whatever sequence comes."""
+def test_state_of_another_format_counts_as_none(client: felix_redis.Client) -> None:
+    """publish.lua reads the next sequence with a plain find and matches the whole state
+    only for a re-send or a refusal: a state it did not write is no state, whatever
+    sequence comes."""
     client.stream_create(T, N, S)
     pid = client.idempotent_producer().id
     assert pid is not None
-    key = client.core.name(T, N, S).producer_key(0, pid)
+    meta, field = meta_key(client), producer_field(pid)
     run_publish_script(client, pid, 1)
-    epoch, seq, *_ = client.redis.get(key).split()
-    assert seq == b"1"
-    for state in [b"1 7 0 1 1700000000000",  # another epoch
-                  epoch + b"7 0 1 1700000000000",  # the epoch's digits run on
-                  epoch + b" 0x7 0 1 1700000000000",  # not decimal
-                  epoch + b" 7 0 1",  # fields missing
-                  epoch + b" 7", b"junk", b""]:
-        client.redis.set(key, state)
+    seq, first, count, ms, expires = client.redis.hget(meta, field).split()
+    assert (seq, first, count) == (b"1", b"0", b"1")
+    assert int(expires) - int(ms) == 3_600_000
+    for state in [b"7 0 1 1700000000000",  # a field missing
+                  b"0x7 0 1 1700000000000 1700000001000",  # not decimal
+                  b"7 0 1 1700000000000 1700000001000 9",  # a field too many
+                  b"7", b"junk", b""]:
+        client.redis.hset(meta, field, state)
         before = tail(client)
         assert run_publish_script(client, pid, 7)[3] == 0, state  # appended, not a re-send
         assert tail(client) == before + 1
     # and a state it wrote still refuses what it must
-    client.redis.set(key, epoch + b" 7 0 1 1700000000000")
+    client.redis.hset(meta, field, b"7 0 1 1700000000000 1700000001000")
     assert isinstance(script_error(client, pid, 9), felix_redis.SequenceError)
     assert isinstance(script_error(client, pid, 6), felix_redis.SequenceError)
     assert run_publish_script(client, pid, 7)[3] == 1
     assert run_publish_script(client, pid, 8)[3] == 0
+
+
+def test_deleting_the_stream_deletes_its_producer_states(client: felix_redis.Client) -> None:
+    """A stream deleted and created again under the same name starts with no producer
+    state: a producer's next sequence is taken as its first."""
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    producer.publish(T, N, S, b"a", shard=0)
+    producer.publish(T, N, S, b"b", shard=0)
+    assert list(producer_fields(client)) == [producer_field(producer.id or 0).encode()]
+    client.stream_delete(T, N, S)
+    client.stream_create(T, N, S)
+    assert producer_fields(client) == {}
+    assert producer.publish(T, N, S, b"c", shard=0).offset == 0
+    assert [r.payload for r in client.read(T, N, S, 0, 0)] == [b"c"]
 
 
 def test_sequence_error_through_the_client(client: felix_redis.Client) -> None:
@@ -252,21 +279,61 @@ def test_sequence_error_through_the_client(client: felix_redis.Client) -> None:
 
 
 def test_producer_state_expires_after_idle_time(client: felix_redis.Client) -> None:
+    """A state past its idle time is pruned by the publish of a producer new to the
+    shard; its own producer, back later, starts over as a new one."""
     client.stream_create(T, N, S)
     client.core.producer_idle_ms = 200
     producer = client.idempotent_producer()
     producer.publish(T, N, S, b"a")
     assert producer.id is not None
-    key = client.core.name(T, N, S).producer_key(0, producer.id)
-    assert client.redis.exists(key)
-    assert 0 < client.redis.pttl(key) <= 200
-    deadline = time.monotonic() + 3
-    while client.redis.exists(key) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not client.redis.exists(key)
-    # the producer keeps going after its state expired
-    assert producer.publish(T, N, S, b"b").offset == 1
-    assert client.redis.exists(key)
+    field = producer_field(producer.id).encode()
+    _seq, _first, _count, ms, expires = producer_fields(client)[field].split()
+    assert int(expires) - int(ms) == 200
+    time.sleep(0.3)
+    other = client.idempotent_producer()
+    other.publish(T, N, S, b"b")
+    assert list(producer_fields(client)) == [producer_field(other.id or 0).encode()]
+    # the producer keeps going after its state was pruned
+    assert producer.publish(T, N, S, b"c").offset == 2
+    assert set(producer_fields(client)) == {field, producer_field(other.id or 0).encode()}
+
+
+def test_a_state_past_its_idle_time_but_not_yet_pruned_still_answers(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S)
+    pid = client.idempotent_producer().id
+    assert pid is not None
+    assert run_publish_script(client, pid, 1, idle_ms=1)[3] == 0
+    time.sleep(0.01)
+    assert run_publish_script(client, pid, 1, idle_ms=1)[3] == 1  # a re-send, still known
+    assert isinstance(script_error(client, pid, 3), felix_redis.SequenceError)
+    assert tail(client) == 1
+
+
+@pytest.mark.parametrize("planted", [40, 3000])
+def test_pruning_takes_bounded_steps_and_keeps_what_is_live(client: felix_redis.Client, planted: int) -> None:
+    """Expired states are pruned a step (HSCAN COUNT 64) per publish of a producer new to
+    the shard, resuming where the last step stopped: on a small (listpack) hash one step
+    sees every field, on a large one a few dozen steps see them all. Live states and
+    values publish.lua did not write are kept."""
+    client.stream_create(T, N, S)
+    meta = meta_key(client)
+    now = int(time.time() * 1000)
+    expired = {f"producer:{10**6 + i}": f"1 {i} 1 {now - 10_000} {now - 5_000}" for i in range(planted)}
+    live = {f"producer:{2 * 10**6 + i}": f"1 {i} 1 {now} {now + 3_600_000}" for i in range(5)}
+    odd = {"producer:junk": "junk"}
+    client.redis.hset(meta, mapping={**expired, **live, **odd})
+    steps = 0
+    while len(producer_fields(client)) > len(live) + len(odd) + steps and steps < 200:
+        steps += 1
+        pid = client.idempotent_producer().id
+        assert pid is not None
+        assert run_publish_script(client, pid, 1)[3] == 0
+    fields = {f.decode() for f in producer_fields(client)}
+    assert not fields & set(expired)
+    assert set(live) | set(odd) <= fields
+    assert len(fields) == len(live) + len(odd) + steps  # the new producers' own states
+    assert steps == 1 if planted < 64 else 1 < steps < 200
+    assert tail(client) == steps
 
 
 def test_state_is_per_shard(client: felix_redis.Client) -> None:
@@ -274,10 +341,10 @@ def test_state_is_per_shard(client: felix_redis.Client) -> None:
     producer = client.idempotent_producer()
     for i in range(6):
         producer.publish(T, N, S, b"%d" % i, shard=i % 3)
-    name = client.core.name(T, N, S)
     assert producer.id is not None
     for shard in range(3):
-        assert client.redis.exists(name.producer_key(shard, producer.id))
+        seq, *_ = producer_fields(client, shard)[producer_field(producer.id).encode()].split()
+        assert seq == b"2"
     assert client.stream_describe(T, N, S).tails == [2, 2, 2]
 
 
@@ -348,11 +415,11 @@ def test_plain_publish_survives_a_shard_that_forgot_its_sequences(
     client.stream_create(T, N, S)
     raw = backend[1]
     client.publish(T, N, S, b"a", shard=0)
-    (pk,) = raw.keys("*:producer:*")
-    saved = raw.dump(pk)
+    meta = meta_key(client)
+    ((field, saved),) = producer_fields(client).items()
     client.publish(T, N, S, b"b", shard=0)
     client.publish(T, N, S, b"c", shard=0)
-    raw.restore(pk, 0, saved, replace=True)  # the state as it was after "a"
+    raw.hset(meta, field, saved)  # the state as it was after "a"
 
     if call == "publish":
         offset = client.publish(T, N, S, b"d", shard=0).offset
