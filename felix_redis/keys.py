@@ -124,7 +124,7 @@ class StreamName:
 
 def producer_field(producer_id: int | str) -> str:
     """The meta-hash field holding an idempotent producer's state on a shard:
-    ``SEQ FIRST COUNT MS EXPIRES`` (lua/publish.lua)."""
+    ``SEQ FIRST COUNT MS IDLE`` (lua/publish.lua)."""
     return f"producer:{producer_id}"
 
 

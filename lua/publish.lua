@@ -5,9 +5,9 @@
 --
 -- KEYS[1] meta         hash: settings, tail (next offset to assign), first (first offset
 --                      kept); per idempotent producer ID the field 'producer:ID' =
---                      'SEQ FIRST COUNT MS EXPIRES' of its last publish (MS: its publish
---                      time, EXPIRES: ms since the epoch after which the field may be
---                      pruned), and 'producer_scan', the HSCAN cursor of that pruning
+--                      'SEQ FIRST COUNT MS IDLE' of its last publish (MS: its publish
+--                      time, ms since the epoch; IDLE: ms after MS the field is kept at
+--                      least), and 'producer_scan', the HSCAN cursor of their pruning
 -- KEYS[2] log          stream: records as entry ID OFFSET-PUBLISHMS, fields p (payload), k (key)
 -- ARGV[1] key          record key, '' for none
 -- ARGV[2] producer_id  decimal producer id, '' for a plain publish
@@ -17,7 +17,7 @@
 -- ARGV[5..] payloads   1..10000 payloads (bytes)
 --
 -- A producer's state is one field of the meta hash, read and written by the commands a
--- publish sends anyway (HMGET, HSET). Fields past EXPIRES are pruned a few at a time, by
+-- publish sends anyway (HMGET, HSET). Fields past MS + IDLE are pruned a few at a time, by
 -- the publishes of producers new to the shard: an expired state left unpruned still
 -- answers its producer (as if its idle time were longer), nothing else.
 --
@@ -30,14 +30,15 @@
 -- Errors: FELIX_NOPERM (no stream.publish role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (oversize payload, bad
 -- argument), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
 --- @include "acl"
+--- @include "producer"
 require_stream_role('stream.publish')
 if #KEYS ~= 2 then fail('INVALID', 'publish takes 2 keys (meta, log), got ' .. fmt(#KEYS)) end
 local count = #ARGV - 4
 if count < 1 or count > 10000 then fail('INVALID', 'a publish carries 1 to 10000 payloads') end
 local key, pid, seq_s, idle_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local seq = int_arg(seq_s, 'sequence', 0, 2 ^ 52)
--- the same few idle times come every call: checked once
-local idle = int_arg_seen(idle_s, 'producer idle_ms', 1, 2 ^ 40)
+-- the same few idle times come every call: checked once (and stored as given)
+int_arg_seen(idle_s, 'producer idle_ms', 1, 2 ^ 40)
 -- Type checks ride on the first command on each key, all before the first write: the
 -- meta read and the first XADD (the first write itself).
 local meta, field, m = KEYS[1], nil, nil
@@ -45,9 +46,8 @@ if pid == '' then
   m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first')
 else
   if seq < 1 then fail('INVALID', 'sequence must be >= 1') end
-  if #pid > 20 or not s_match(pid, '^%d+$') then fail('INVALID', 'producer id must be a decimal integer') end
-  field = 'producer:' .. pid
-  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first', field, 'producer_scan')
+  field = producer_field(pid)
+  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first', field)
 end
 local tail_s = m[1]
 if not tail_s then fail('NOT_FOUND', 'stream (or shard) does not exist') end
@@ -60,7 +60,7 @@ for i = 5, #ARGV do
 end
 local state = field and m[4]
 if state then
-  -- state: 'SEQ FIRST COUNT MS EXPIRES'. The next sequence, the usual case, needs only
+  -- state: 'SEQ FIRST COUNT MS IDLE'. The next sequence, the usual case, needs only
   -- SEQ (cut out with a plain find); the whole state is matched for a re-send or a
   -- refusal, and one this script did not write counts as none.
   local j = s_find(state, ' ', 1, true)
@@ -107,19 +107,20 @@ if not field then
   redis.call('HSET', meta, 'tail', fmt(tail + count))
   return {tail, count, ms, 0, m[3]}
 end
-local now = tonumber(ms)
-local new_state = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. fmt(now + idle)
+local new_state = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. idle_s
 if state then
   redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state)
   return {tail, count, ms, 0, m[3]}
 end
 -- A producer new to this shard (or pruned): one pruning step over the producer fields,
--- from the cursor the last step left, deleting those past their EXPIRES.
-local scan = redis.call('HSCAN', meta, m[5] or '0', 'MATCH', 'producer:*', 'COUNT', 64)
+-- from the cursor the last step left, deleting those past their MS + IDLE.
+local now = tonumber(ms)
+local cursor = redis.call('HGET', meta, 'producer_scan') or '0'
+local scan = redis.call('HSCAN', meta, cursor, 'MATCH', 'producer:*', 'COUNT', 64)
 local found, expired = scan[2], {}
 for i = 2, #found, 2 do
-  local expires = tonumber(s_match(found[i], '^%d+ %d+ %d+ %d+ (%d+)$'))
-  if expires and expires <= now then expired[#expired + 1] = found[i - 1] end
+  local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+)$')
+  if at and tonumber(at) + tonumber(idle) <= now then expired[#expired + 1] = found[i - 1] end
 end
 for i = 1, #expired, 1000 do
   redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, #expired)))
