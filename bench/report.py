@@ -24,6 +24,9 @@ def summarize(outcomes: list[Outcome]) -> list[Row]:
     for row in rows:
         floor = floors.get(row["floor"])
         row["ratio"] = None
+        if row["status"] == "ok" and row.get("paired_floor_rate"):
+            row["ratio"] = round(row["rate"] / row["paired_floor_rate"], 3)
+            continue
         if row["status"] != "ok" or floor is None:
             continue
         if row["kind"] == "latency":
@@ -61,6 +64,9 @@ def _row(o: Outcome) -> Row:
         runs = [{"jobs": s.jobs, "seconds": round(s.seconds, 4), "rate": round(s.rate, 1), **s.info} for s in o.samples]
         best = max(runs, key=lambda r: r["rate"])
         row.update(jobs=best["jobs"], seconds=best["seconds"], rate=best["rate"])
+        if best.get("paired_floor_rate"):
+            # measured beside its own floor (bench/systems/felix.py, measure_paired)
+            row["paired_floor_rate"] = best["paired_floor_rate"]
     row["runs"] = runs
     return row
 
@@ -77,6 +83,8 @@ def _cells(r: Row) -> tuple[str, str, str]:
             f"p99 {r['p99_ms']:.2f} ms, {r['samples']} samples",
         )
     note = f"best of {r['rounds']}" + (f"; {r['reason']}" if r["reason"] else "")
+    if r.get("paired_floor_rate"):
+        note += f"; ratio to XADD in the same slices ({r['paired_floor_rate']:,.0f}/s)"
     return f"{r['rate']:,.0f}", ratio, note
 
 

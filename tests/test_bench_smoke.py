@@ -106,6 +106,16 @@ def test_felix_publish_variants_measured(smoke: dict[str, object]) -> None:
         assert row["rate"] > 0 and row["jobs"] == 200, row
 
 
+def test_paired_enqueue_takes_its_ratio_from_its_own_xadds(smoke: dict[str, object]) -> None:
+    """enqueue-paired times publish and XADD in alternating slices in one process; its
+    ratio is against the XADDs of those slices, not the raw system's enqueue row."""
+    (row,) = [r for r in smoke["results"]  # type: ignore[union-attr]
+              if r["system"] == "felix" and r["scenario"] == "enqueue-paired"]
+    assert row["status"] == "ok", row
+    assert row["jobs"] == 500 and row["rate"] > 0 and row["paired_floor_rate"] > 0
+    assert row["ratio"] == round(row["rate"] / row["paired_floor_rate"], 3)
+
+
 def test_others_measured_or_explained(smoke: dict[str, object]) -> None:
     for row in smoke["results"]:  # type: ignore[union-attr]
         if row["system"] == "raw":

@@ -27,6 +27,7 @@ from bench.core import (
     AsyncDriver,
     Budget,
     RedisSystem,
+    Sample,
     Scenario,
     Unavailable,
     WorkerContext,
@@ -39,6 +40,8 @@ TENANT, NAMESPACE, STREAM, GROUP = "bench", "bench", "jobs", "workers"
 NAME = (TENANT, NAMESPACE, STREAM)
 PACK = struct.Struct("!d")
 SHARDS = 4
+#: Calls per slice of the paired enqueue (publish and XADD take turns slice by slice).
+PAIRED_SLICE = 250
 #: Long-poll of an idle worker; short enough to notice the stop flag promptly.
 WAIT_S = 0.2
 
@@ -130,10 +133,49 @@ class Felix(RedisSystem):
     def fill(self, n: int, budget: Budget) -> None:
         self.enqueue_batch(n, budget)
 
+    def measure_paired(self) -> Sample:
+        """``publish`` (as in ``enqueue``) and the raw floor's own call (redis-py's
+        ``xadd`` of one field, ``bench/systems/raw_streams.py``) in one process, taking
+        turns in slices of ``PAIRED_SLICE`` calls (which goes first alternates), ``jobs``
+        calls each: the machine's changes of speed fall on both alike, where the
+        ``enqueue`` scenarios of two systems run seconds apart. The sample's rate is the
+        publishes'; ``paired_floor_rate``, the XADDs' of the same slices, is what the
+        ratio is taken against."""
+        import redis
+
+        r = redis.Redis.from_url(self.cfg.redis_url)
+        key = "bench:paired-xadd"
+        slices = max(2, self.cfg.jobs // PAIRED_SLICE)
+        budget = Budget(self.cfg.timeout_s, f"{self.name} enqueue-paired")
+        publish = self.sync.publish
+        spent = {"publish": 0.0, "xadd": 0.0}
+
+        def xadds() -> None:
+            for _ in range(PAIRED_SLICE):
+                r.xadd(key, {"ts": repr(time.monotonic())})
+
+        def publishes() -> None:
+            for _ in range(PAIRED_SLICE):
+                publish(*NAME, PACK.pack(time.monotonic()))
+
+        try:
+            for i in budget.range(slices):
+                for what, run in (("xadd", xadds), ("publish", publishes))[:: 1 if i % 2 else -1]:
+                    start = time.monotonic()
+                    run()
+                    spent[what] += time.monotonic() - start
+        finally:
+            r.delete(key)
+            r.close()
+        calls = slices * PAIRED_SLICE
+        return Sample(jobs=calls, seconds=spent["publish"],
+                      info={"paired_floor_rate": round(calls / spent["xadd"], 1) if spent["xadd"] else 0.0})
+
     def scenarios(self) -> list[Scenario]:
         enqueue, drain1, drain2, latency = super().scenarios()
         return [
             enqueue,
+            Scenario("enqueue-paired", "enqueue", self.measure_paired, floor="enqueue"),
             Scenario(
                 "enqueue-plain",
                 "enqueue",
