@@ -61,10 +61,33 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _HiredisParser: Any
+_STOCK: Any
 try:
     from redis._parsers import _HiredisParser
+    from redis.connection import AbstractConnection as _STOCK
+    from redis.connection import HiredisRespSerializer, PythonRespSerializer
+
+    _STOCK_PACKERS: tuple[type, ...] = (HiredisRespSerializer, PythonRespSerializer)
 except ImportError:  # pragma: no cover - another redis-py layout: the plain path only
-    _HiredisParser = None
+    _HiredisParser = _STOCK = None
+    _STOCK_PACKERS = ()
+
+#: What redis-py does around a command that the lane's direct path would skip: a
+#: connection class overriding any of these (Sentinel's turns a read-only replica's
+#: error into a reconnect) keeps redis-py's path.
+_LAYERS = ("send_command", "send_packed_command", "read_response")
+_stock_classes: dict[type, bool] = {}
+
+
+def _stock_connection(conn: Any) -> bool:
+    """``conn`` is redis-py's own connection class (or one that overrides none of
+    :data:`_LAYERS`) with redis-py's own command packer."""
+    cls = type(conn)
+    stock = _stock_classes.get(cls)
+    if stock is None:
+        stock = _STOCK is not None and all(getattr(cls, m, None) is getattr(_STOCK, m) for m in _LAYERS)
+        _stock_classes[cls] = stock
+    return stock and type(getattr(conn, "_command_packer", None)) in _STOCK_PACKERS
 
 _hiredis_pack: Any
 try:
@@ -169,15 +192,19 @@ def _give_back(pool: Any, held: list[Any]) -> None:
 
 def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     """Sends ``args`` on ``conn`` and reads the reply, as ``send_command`` and
-    ``read_response`` do. For the usual connection (RESP2, redis-py's hiredis parser, no
-    health checks, UTF-8 text) the command is packed by hiredis and written to the
-    socket, and the reply read by the connection's parser, without the layers around
-    them (about 12 usec of a 70 usec loopback round trip here, ``bench/roundtrip.py``);
-    failures are told and handled as those layers do: the connection is dropped and a
-    redis-py ``ConnectionError`` or ``TimeoutError`` raised, for its retries."""
+    ``read_response`` do. For the usual connection (redis-py's own connection class and
+    command packer, RESP2, its hiredis parser, no health checks, UTF-8 text) the command
+    is packed by hiredis and written to the socket, and the reply read by the
+    connection's parser, without the layers around them (about 10 usec of a 75 usec
+    loopback round trip here, ``bench/roundtrip.py``); failures are told and handled as
+    those layers do: the connection is dropped and a redis-py ``ConnectionError`` or
+    ``TimeoutError`` raised, for its retries."""
     sock, parser = conn._sock, conn._parser
-    packed = _sync_pack(conn, args) if sock is not None and type(parser) is _HiredisParser else None
-    if packed is None or conn.health_check_interval:
+    packed = None
+    if (sock is not None and type(parser) is _HiredisParser and not conn.health_check_interval
+            and _stock_connection(conn)):
+        packed = _sync_pack(conn, args)
+    if packed is None:
         conn.send_command(*args)
         return conn.read_response()
     try:

@@ -459,3 +459,40 @@ def test_lane_failure_mid_call_drops_the_connection_and_the_retry_writes_once(
     assert failures == []
     assert lane_client_id(redis_client) != first_id
     assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
+
+
+def test_connection_classes_with_their_own_layers_keep_them(raw: redis.Redis, redis_url: str) -> None:
+    """Only redis-py's own connection classes take the direct path: a class overriding
+    send or read (Sentinel's turns a demoted primary's READONLY error into a reconnect)
+    or a connection with another command packer keeps redis-py's path, overrides run."""
+    from redis.connection import Connection, SSLConnection
+    from redis.sentinel import SentinelManagedConnection
+
+    assert lane_module._stock_connection(Connection())
+    assert lane_module._stock_connection(SSLConnection())
+    assert not lane_module._stock_connection(SentinelManagedConnection(connection_pool=None))
+
+    class CustomPacker:
+        def pack(self, *args: Any) -> list[bytes]:
+            return Connection().pack_command(*args)
+
+    assert not lane_module._stock_connection(Connection(command_packer=CustomPacker()))
+
+    reads: list[int] = []
+
+    class Counting(Connection):
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            reads.append(1)
+            return super().read_response(*args, **kwargs)
+
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=Counting)
+    client = felix_redis.Client(redis.Redis(connection_pool=pool))
+    try:
+        client.stream_create(T, N, S)
+        assert client._lane is not None
+        before = len(reads)
+        assert [client.publish(T, N, S, b"x").offset for _ in range(3)] == [0, 1, 2]
+        assert len(reads) >= before + 3
+    finally:
+        client.close()
+        pool.disconnect()
