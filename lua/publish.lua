@@ -84,6 +84,22 @@ end
 -- Entry IDs and the producer state are made of the strings Redis handed over (the tail
 -- as HMGET read it, the time as TIME gave it): only the new tail is formatted.
 local ms = now_ms_text()
+-- A producer new to this shard (or pruned) takes one pruning step over the producer
+-- fields, from the cursor the last step left: the states past their MS + IDLE are found
+-- here, before the first write (a cursor this script did not write starts over).
+local expired, cursor
+if field and not state then
+  local now = tonumber(ms)
+  cursor = redis.call('HGET', meta, 'producer_scan')
+  if not cursor or #cursor > 19 or not s_match(cursor, '^%d+$') then cursor = '0' end
+  local scan = redis.call('HSCAN', meta, cursor, 'MATCH', 'producer:*', 'COUNT', 64)
+  local found = scan[2]
+  cursor, expired = scan[1], {}
+  for i = 2, #found, 2 do
+    local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+)$')
+    if at and tonumber(at) + tonumber(idle) <= now then expired[#expired + 1] = found[i - 1] end
+  end
+end
 local log, p, k = KEYS[2], 'p', 'k'
 -- the first XADD is the first write: it doubles as the log's type check
 if key ~= '' then
@@ -112,18 +128,8 @@ if state then
   redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state)
   return {tail, count, ms, 0, m[3]}
 end
--- A producer new to this shard (or pruned): one pruning step over the producer fields,
--- from the cursor the last step left, deleting those past their MS + IDLE.
-local now = tonumber(ms)
-local cursor = redis.call('HGET', meta, 'producer_scan') or '0'
-local scan = redis.call('HSCAN', meta, cursor, 'MATCH', 'producer:*', 'COUNT', 64)
-local found, expired = scan[2], {}
-for i = 2, #found, 2 do
-  local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+)$')
-  if at and tonumber(at) + tonumber(idle) <= now then expired[#expired + 1] = found[i - 1] end
-end
 for i = 1, #expired, 1000 do
   redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, #expired)))
 end
-redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state, 'producer_scan', scan[1])
+redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state, 'producer_scan', cursor)
 return {tail, count, ms, 0, m[3]}

@@ -428,3 +428,20 @@ def test_plain_publish_survives_a_shard_that_forgot_its_sequences(
     assert offset == 3
     assert [r.payload for r in client.read(T, N, S, 0, 0)] == [b"a", b"b", b"c", b"d"]
     assert client.publish(T, N, S, b"e", shard=0).offset == 4
+
+
+@pytest.mark.parametrize("cursor", [b"x", b"99999999999999999999999", b"-1", b""])
+def test_a_pruning_cursor_it_did_not_write_starts_over_and_changes_nothing_else(
+    client: felix_redis.Client, cursor: bytes
+) -> None:
+    """HSCAN refuses a malformed cursor: the publish of a new producer must not fail
+    after appending (offsets would repeat); it scans from 0 instead."""
+    client.stream_create(T, N, S)
+    meta = meta_key(client)
+    assert client.publish(T, N, S, b"a", shard=0).offset == 0
+    client.redis.hset(meta, "producer_scan", cursor)
+    for i in range(1, 4):
+        producer = client.idempotent_producer()
+        assert producer.publish(T, N, S, b"%d" % i, shard=0).offset == i
+    assert [r.offset for r in client.read(T, N, S, 0, 0)] == [0, 1, 2, 3]
+    assert client.redis.hget(meta, "producer_scan") == b"0"
