@@ -9,8 +9,9 @@ and worker processes:
 
 - producers publish batches through idempotent producers, starting a new producer (a
   new id, so new per-shard producer state) every ``--producer-every`` batches, so
-  producer bookkeeping must expire rather than grow (``FELIX_PRODUCER_IDLE_MS``,
-  ``--producer-idle-ms``);
+  producer bookkeeping must be pruned rather than grow (``FELIX_PRODUCER_IDLE_MS``,
+  ``--producer-idle-ms``; the publish of a producer new to a shard prunes the states
+  past their idle time);
 - workers poll the sharded group (``poll(N)``) and ``ack_many`` what they got; a
   share of the jobs is nacked once (``--fail-rate``) and a few are dead-lettered
   (``--poison-rate``); all dead letters are discarded at the end.
@@ -121,6 +122,13 @@ def memory(raw: redis.Redis) -> dict[str, int]:
         "mem_clients_normal",
     )
     return {k: int(info[k]) for k in keys if k in info}
+
+
+def _producer_states(raw: redis.Redis, client: Any, shards: int) -> int:
+    """Idempotent producer states (``producer:*`` fields of the meta hashes) of all shards."""
+    name = client.core.name(T, N, S)
+    return sum(sum(1 for _ in raw.hscan_iter(name.shard_keys(shard)[0], match="producer:*", count=1000))
+               for shard in range(shards))
 
 
 def key_usage(raw: redis.Redis, prefix: str = "felix") -> dict[str, Any]:
@@ -247,9 +255,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         final = client.group_describe(T, N, S, G)
         assert all(s.position == s.tail and s.dead == 0 and s.in_flight == 0 and s.owed == 0 for s in final.shards)
         lengths = [int(raw.xlen(k["log"])) for k in client.group_keys(T, N, S, G).values()]
-        # producer state expires after the idle time; wait for it, then let Redis settle
-        time.sleep(args.producer_idle_ms / 1000 + 1.5)
+        # producer states are fields of each shard's meta hash, pruned once past their idle
+        # time by the publish of a producer new to the shard (lua/publish.lua): wait for
+        # the idle time, publish one record to each shard through a new producer, count
         producer_keys = sum(1 for _ in raw.scan_iter(match="felix:*:producer:*", count=1000))
+        time.sleep(args.producer_idle_ms / 1000 + 1.5)
+        states_before = _producer_states(raw, client, args.shards)
+        pruner = client.idempotent_producer()
+        for shard in range(args.shards):
+            pruner.publish(T, N, S, b"P prune", shard=shard)
+        states_after = _producer_states(raw, client, args.shards)
         time.sleep(0.5)
         with contextlib.suppress(redis.ResponseError):
             raw.memory_purge()
@@ -285,6 +300,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "log_lengths": lengths,
             "retention_trimmed": trimmed,
             "producer_keys_left": producer_keys,
+            "producer_states_before_pruning": states_before,
+            "producer_states_left": states_after,
             "memory_empty": empty,
             "memory_start": start_mem,
             "memory_peak": peak,
