@@ -203,7 +203,7 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     packed = None
     if (sock is not None and type(parser) is _HiredisParser and not conn.health_check_interval
             and _stock_connection(conn)):
-        packed = _sync_pack(conn, args)
+        packed = _hiredis_packed(conn, args)
     if packed is None:
         conn.send_command(*args)
         return conn.read_response()
@@ -227,9 +227,9 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     return reply
 
 
-def _sync_pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | None:
+def _hiredis_packed(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | None:
     """The command as hiredis packs it, or None where redis-py must pack it (another
-    text encoding, a value hiredis refuses); redis-py packs with hiredis too, to the same
+    text encoding, a value hiredis refuses); redis-py's own hiredis packer gives the same
     bytes (tests/test_lane.py)."""
     encoder = conn.encoder
     if _hiredis_pack is None or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
@@ -307,14 +307,9 @@ async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
 
 
 def _pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
-    """The command in RESP. redis.asyncio packs in Python (about 9 usec of a script
-    call here), where the synchronous client uses hiredis: the lane uses hiredis too
-    when the connection encodes text as hiredis does (UTF-8, strict); anything hiredis
-    refuses is left to redis-py (and its error)."""
-    encoder = conn.encoder
-    if _hiredis_pack is not None and encoder.encoding == "utf-8" and encoder.encoding_errors == "strict":
-        try:
-            return _hiredis_pack(tuple(args))
-        except TypeError:
-            pass
-    return conn.pack_command(*args)
+    """The command in RESP for the asyncio lane. redis.asyncio packs in Python (about 9
+    usec of a script call here), where the synchronous client uses hiredis: the lane uses
+    hiredis too where :func:`_hiredis_packed` can; anything else is left to redis-py
+    (and its error)."""
+    packed = _hiredis_packed(conn, args)
+    return packed if packed is not None else conn.pack_command(*args)

@@ -398,10 +398,10 @@ def test_sync_lane_packs_commands_as_redis_py_does() -> None:
     conn = Connection()
     args = ("FCALL", "felix_x_publish", 3, "felix:{t/n/s/0}:meta", "k", "ключ", "", 0, 2**53, -5, 1.5,
             b"\x00\xff payload")
-    assert lane_module._sync_pack(conn, args) == b"".join(conn.pack_command(*args))
-    assert lane_module._sync_pack(conn, list(args)) == b"".join(conn.pack_command(*args))
-    assert lane_module._sync_pack(Connection(encoding="latin-1"), ("SET", "k", "é")) is None
-    assert lane_module._sync_pack(conn, ("SET", "k", None)) is None
+    assert lane_module._hiredis_packed(conn, args) == b"".join(conn.pack_command(*args))
+    assert lane_module._hiredis_packed(conn, list(args)) == b"".join(conn.pack_command(*args))
+    assert lane_module._hiredis_packed(Connection(encoding="latin-1"), ("SET", "k", "é")) is None
+    assert lane_module._hiredis_packed(conn, ("SET", "k", None)) is None
 
 
 def test_lane_calls_skip_redis_py_layers_but_not_its_checks(
