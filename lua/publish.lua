@@ -119,17 +119,18 @@ if count > 1 then
     end
   end
 end
+local new_tail = fmt(tail + count)
 if not field then
-  redis.call('HSET', meta, 'tail', fmt(tail + count))
+  redis.call('HSET', meta, 'tail', new_tail)
   return {tail, count, ms, 0, m[3]}
 end
 local new_state = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. idle_s
 if state then
-  redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state)
-  return {tail, count, ms, 0, m[3]}
+  redis.call('HSET', meta, 'tail', new_tail, field, new_state)
+else
+  for i = 1, #expired, 1000 do
+    redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, #expired)))
+  end
+  redis.call('HSET', meta, 'tail', new_tail, field, new_state, 'producer_scan', cursor)
 end
-for i = 1, #expired, 1000 do
-  redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, #expired)))
-end
-redis.call('HSET', meta, 'tail', fmt(tail + count), field, new_state, 'producer_scan', cursor)
 return {tail, count, ms, 0, m[3]}
