@@ -199,6 +199,11 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     loopback round trip here, ``bench/roundtrip.py``); failures are told and handled as
     those layers do: the connection is dropped and a redis-py ``ConnectionError`` or
     ``TimeoutError`` raised, for its retries."""
+    if conn._sock is None:
+        # the connection class's own connect(): a Sentinel-managed connection asks the
+        # sentinels for the primary there; send_command would reconnect to the address
+        # it had before (a dead primary's, after a failover)
+        conn.connect()
     sock, parser = conn._sock, conn._parser
     packed = None
     if (sock is not None and type(parser) is _HiredisParser and not conn.health_check_interval
@@ -302,6 +307,8 @@ def _stale_primary(pool: Any, conn: Any) -> bool:
 
 
 async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    if not conn.is_connected:
+        await conn.connect()  # as in _send_read: the class's own connect (Sentinel asks for the primary)
     await conn.send_packed_command(_pack(conn, args))
     return await conn.read_response()
 
