@@ -1,6 +1,7 @@
 """TLS end to end: ``rediss://`` URLs with CA, client certificate and key options against
 private ``redis-server --tls-port`` processes, with certificates made here by the
-``openssl`` CLI (a CA, a second unrelated CA, server and client certificates).
+``openssl`` CLI by ``felix_redis.testing.certs`` (a CA, a second unrelated CA, server and
+client certificates).
 
 Every server also listens on a plain loopback port (RedisServer's readiness check pings
 it); the tests only ever connect to the TLS port.
@@ -11,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -23,6 +22,7 @@ from click.testing import CliRunner
 import felix_redis
 import felix_redis.asyncio as felix_asyncio
 from felix_redis.connection import async_client, parse_url, sync_client
+from felix_redis.testing.certs import Certs, make_ca, make_leaf
 from felix_redis.testing.server import RedisServer, free_port, redis_server_binary, tls_support
 from felixctl.cli import cli
 
@@ -37,54 +37,15 @@ T, N = "acme", "prod"
 # -- certificates
 
 
-@dataclass(frozen=True)
-class Certs:
-    dir: Path
-
-    def crt(self, name: str) -> str:
-        return str(self.dir / f"{name}.crt")
-
-    def key(self, name: str) -> str:
-        return str(self.dir / f"{name}.key")
-
-
-#: P-256 keys: made in milliseconds, unlike RSA.
-_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", *_KEY, "-nodes", "-days", "2", "-subj", f"/CN=felix-redis test {name}",
-             "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.crt"),
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             "-addext", "subjectKeyIdentifier=hash")
-
-
-def _make_leaf(d: Path, name: str, ca: str, *, usage: str, san: str | None) -> None:
-    _openssl("req", *_KEY, "-nodes", "-subj", f"/CN={name}",
-             "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
-    lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
-             f"extendedKeyUsage={usage}", "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]
-    if san:
-        lines.append(f"subjectAltName={san}")
-    (d / f"{name}.ext").write_text("\n".join(lines) + "\n")
-    _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / f"{ca}.crt"), "-CAkey",
-             str(d / f"{ca}.key"), "-CAcreateserial", "-days", "2", "-out", str(d / f"{name}.crt"),
-             "-extfile", str(d / f"{name}.ext"))
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     d = tmp_path_factory.mktemp("tls")
-    _make_ca(d, "ca")
-    _make_ca(d, "otherca")
-    _make_leaf(d, "server", "ca", usage="serverAuth", san="IP:127.0.0.1,DNS:localhost")
-    _make_leaf(d, "wrongname", "ca", usage="serverAuth", san="DNS:elsewhere.example")
-    _make_leaf(d, "client", "ca", usage="clientAuth", san=None)
-    _make_leaf(d, "strangerclient", "otherca", usage="clientAuth", san=None)
+    make_ca(d, "ca")
+    make_ca(d, "otherca")
+    make_leaf(d, "server", "ca", usage="serverAuth", san="IP:127.0.0.1,DNS:localhost")
+    make_leaf(d, "wrongname", "ca", usage="serverAuth", san="DNS:elsewhere.example")
+    make_leaf(d, "client", "ca", usage="clientAuth", san=None)
+    make_leaf(d, "strangerclient", "otherca", usage="clientAuth", san=None)
     return Certs(d)
 
 
