@@ -836,6 +836,7 @@ def run_trial(
     after: int = 200,
     hold: float = 0.5,
     url_query: str = "",
+    server_args: Sequence[str] = (),
     log: Callable[[str], None] = lambda line: None,
 ) -> TrialResult:
     """One trial: a Sentinel topology (primary, 2 replicas, 3 sentinels), a stream of
@@ -846,13 +847,15 @@ def run_trial(
     and check.
 
     ``fault``: ``kill`` (SIGKILL the primary; it is not restarted) or ``pause`` (SIGSTOP
-    the primary until the sentinels promoted a replica, ``hold`` seconds more, SIGCONT)."""
+    the primary until the sentinels promoted a replica, ``hold`` seconds more, SIGCONT).
+    ``url_query`` is appended to the clients' URL (``?socket_timeout=5``), ``server_args``
+    to every data server's command line (``--min-replicas-to-write 1``)."""
     from felix_redis.testing.topology import SentinelTopology
 
     if fault not in ("kill", "pause"):
         raise ValueError(f"unknown fault {fault!r}")
     started = time.monotonic()
-    topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC)
+    topology = SentinelTopology(replicas=2, sentinels=3, extra=[*FAST_SYNC, *server_args])
     recorder: Recorder | None = None
     stopped_pid: int | None = None
     notes: list[str] = []
