@@ -39,8 +39,9 @@ c. the final read of each shard is dense: offsets ``0 .. tail-1``, no gap, nothi
 d. one holder: no record was handed out under two valid leases at once. Delivery n of a
    record was handed out at some instant within its poll's [invoked, completed]; its
    lease lasts at least until ``invoked + visibility timeout``, or until an ack (any
-   attempts), or a nack or dead-letter of that attempt, was invoked. A later delivery
-   (higher attempts) completed before that is an **overlap**. The same attempt number
+   attempts), a nack or dead-letter of that attempt, or a reclaiming poll of the same
+   named consumer on that shard was invoked. A later delivery (higher attempts)
+   completed before that is an **overlap**. The same attempt number
    twice, or a higher attempt handed out before a lower one, is a forgotten hand-out.
    No delivery says more than ``max_attempts``.
 e. the position never passed an unfinished record. For each sampled ``describe``, the
@@ -137,6 +138,8 @@ class Op:
     offset: int | None = None  # publish ok
     records: tuple[Delivered, ...] = ()  # poll ok
     positions: tuple[int, ...] = ()  # describe ok
+    consumer: str | None = None  # poll as a named consumer (group_poll_as)
+    reclaim: bool = False  # ... that takes its own in-flight records back
 
     @property
     def end(self) -> float:
@@ -425,6 +428,10 @@ def check(
 
     # -- (d) one holder, attempts
     gaps_seen: list[float] = []
+    reclaims: dict[tuple[str, int | None], list[Op]] = {}
+    for op in ops:
+        if op.kind == "poll" and op.consumer is not None and op.reclaim:
+            reclaims.setdefault((op.consumer, op.shard), []).append(op)
     for (shard, offset, payload), ds in deliveries.items():
         ordered = sorted(ds, key=lambda x: (x[0].attempts, x[1].invoked))
         for d, _ in ordered:
@@ -452,6 +459,10 @@ def check(
                     continue  # over before the first hand-out, or begun after the second
                 if kind == "ack" or attempts == d1.attempts:
                     floor = min(floor, max(settle.invoked, op1.invoked))
+            if op1.consumer is not None:  # its holder's next poll with reclaim hands it back
+                for poll in reclaims.get((op1.consumer, shard), ()):
+                    if poll.index != op1.index and poll.end > op1.invoked and poll.invoked < op2.end:
+                        floor = min(floor, max(poll.invoked, op1.invoked))
             report.lease_pairs += 1
             gap = op2.end - floor
             gaps_seen.append(gap)

@@ -186,6 +186,15 @@ def test_d_a_second_lease_after_the_first_lapsed() -> None:
     assert run(_two_deliveries(1.0 + VT + 0.1), final({0: [b"a"]})).anomalies == []
 
 
+def test_d_a_reclaim_by_the_same_named_consumer_ends_the_lease() -> None:
+    h = _two_deliveries(3.0)
+    h.ops[1].consumer = h.ops[2].consumer = "c1"
+    h.ops[2].reclaim = True
+    assert run(h, final({0: [b"a"]})).anomalies == []
+    h.ops[2].consumer = "c2"  # another consumer's poll reclaims only its own
+    assert kinds(run(h, final({0: [b"a"]}))) == {"d:two valid leases"}
+
+
 def test_d_a_nack_of_another_attempt_does_not_end_the_lease() -> None:
     h = _two_deliveries(3.0, settle=("nack", 2.0))
     h.ops[2].claims = ((0, 0, 7),)
