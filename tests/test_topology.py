@@ -17,12 +17,14 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
-from felix_redis.testing.server import RedisServer, redis_server_binary
+from felix_redis.testing.server import RedisServer, free_port, redis_server_binary
 from felix_redis.testing.topology import (
+    CLUSTER_BUS_PORT_OFFSET,
     CLUSTER_SLOTS,
     SETTINGS,
     ClusterTopology,
     SentinelTopology,
+    _port_is_free,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -119,6 +121,83 @@ def test_failed_start_leaves_nothing_behind() -> None:
             t.start()
         assert not _answers(squatter.port - 2)
         assert _answers(squatter.port)
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def test_explicit_ports_for_every_process() -> None:
+    """ports= and sentinel_ports= name every process's port; a restart on the same ports
+    right after a stop works (the port check binds with SO_REUSEADDR, as redis-server
+    does, so the sockets the stopped servers left in TIME_WAIT do not count as in use)."""
+    ports = _distinct_free_ports(5)
+    data, sentinels = ports[:2], ports[2:]
+    for round_ in range(2):
+        t = SentinelTopology(ports=data, sentinel_ports=sentinels)
+        try:
+            t.start()
+            assert [s.port for s in t.servers] == data and t.data_ports == data
+            assert [p for _, p in t.sentinel_addresses] == sentinels == t.sentinel_ports
+            assert t.url == "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in sentinels) + "/mymaster/0"
+            assert t.primary_address() == ("127.0.0.1", data[0])
+            with redis.Redis(port=data[0]) as conn:
+                conn.set("round", round_)
+        finally:
+            t.stop()
+        assert not any(_answers(p) for p in ports)
+
+
+def test_port_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="ports or base_port"):
+        SentinelTopology(ports=[40001, 40002], base_port=40001)
+    with pytest.raises(ValueError, match="give 3"):
+        SentinelTopology(replicas=2, ports=[40001, 40002])
+    with pytest.raises(ValueError, match="twice"):
+        SentinelTopology(ports=[40001, 40001])
+    with pytest.raises(ValueError, match="twice"):
+        SentinelTopology(ports=[40001, 40002], sentinel_ports=[40002, 40003, 40004])
+    with pytest.raises(ValueError, match="2 sentinel ports for 3 sentinels"):
+        SentinelTopology(sentinels=3, sentinel_ports=[40003, 40004])
+    with pytest.raises(ValueError, match="out of range"):
+        SentinelTopology(ports=[70000])
+    t = SentinelTopology(ports=[40001, 40002, 40003], sentinel_ports=[40010])
+    assert len(t.replicas) == 2 and t.data_ports == [40001, 40002, 40003] and t.sentinel_ports == [40010]
+    t = SentinelTopology(base_port=6400)
+    assert t.data_ports == [6400, 6401] and t.sentinel_ports == [26400, 26401, 26402]
+    t = SentinelTopology(base_port=6400, sentinel_ports=[36400])
+    assert t.data_ports == [6400, 6401] and t.sentinel_ports == [36400]
+    c = ClusterTopology(ports=range(41000, 41006))
+    assert c.ports == list(range(41000, 41006)) and c.primaries_wanted == 3
+    assert ClusterTopology(ports=range(41000, 41008), replicas_per_primary=1).primaries_wanted == 4
+    with pytest.raises(ValueError, match="do not split"):
+        ClusterTopology(ports=range(41000, 41007))
+    with pytest.raises(ValueError, match="give 6"):
+        ClusterTopology(primaries=3, ports=range(41000, 41004))
+    assert ClusterTopology(base_port=7000).ports == list(range(7000, 7006))
+
+
+@needs_cli
+def test_cluster_on_explicit_ports_restarts_on_them_at_once() -> None:
+    ports: list[int] = []
+    while len(ports) < 6:
+        port = free_port()
+        bus = port + CLUSTER_BUS_PORT_OFFSET
+        if bus < 65536 and port not in ports and bus not in ports and _port_is_free(bus):
+            ports.append(port)
+    for _ in range(2):
+        t = ClusterTopology(ports=ports)
+        try:
+            t.start()
+            assert t.ports == ports and len(t.primary_ports()) == 3
+        finally:
+            t.stop()
+        assert not any(_answers(p) for p in ports)
 
 
 @needs_cli

@@ -6,14 +6,27 @@ replicas. Both use Debian's ``redis-server`` through :class:`RedisServer`, bind 
 127.0.0.1 only, bound every wait with a timeout and stop every process they started
 on :meth:`stop` (also when :meth:`start` fails half-way).
 
-The settings shared with ``compose.yaml`` (ports, service name, quorum, failover
-timings) live in :data:`SETTINGS`; ``tests/test_compose.py`` checks the compose file
-against them.
+Either can be secured: ``password=`` sets ``requirepass`` and ``masterauth`` on every
+data server (sentinels reach them with ``sentinel auth-pass``), ``tls=`` makes every
+process (sentinels too) listen with TLS only and talk TLS to each other
+(``tls-replication``, ``tls-cluster``). The topology's :attr:`url` then carries the
+password and the certificate options. Passwords go into each process's config file,
+never onto its command line.
 
-Run from a shell::
+Ports: free ones by default; ``ports=`` / ``sentinel_ports=`` name every one; or
+``base_port=`` puts data servers (cluster nodes) at ``base``, ``base + 1``, ... and
+sentinels at ``base + 20000``, ``base + 20001``, ...
 
-    python -m felix_redis.testing.topology sentinel --base-port 6379
+The settings shared with ``compose.yaml`` (ports inside the compose network, service
+name, quorum, failover timings) live in :data:`SETTINGS`; ``tests/test_compose.py``
+checks the compose file against them.
+
+Run from a shell (not on 6379: a packaged redis-server usually holds it)::
+
+    python -m felix_redis.testing.topology sentinel --base-port 6400
+    python -m felix_redis.testing.topology sentinel --ports 6400,6401 --sentinel-ports 26400,26401,26402
     python -m felix_redis.testing.topology cluster --base-port 7000
+    FELIX_PW=s3cret python -m felix_redis.testing.topology sentinel --tls --password-from-env FELIX_PW
 
 It prints the ``FELIX_REDIS_URL=...`` line to use and runs until Ctrl-C or SIGTERM.
 """
@@ -22,23 +35,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import redis
 from redis.sentinel import Sentinel
 
+from felix_redis.testing.certs import Certs, make_topology_certs
 from felix_redis.testing.server import RedisServer, free_port
 
 __all__ = [
@@ -47,6 +66,7 @@ __all__ = [
     "SentinelServer",
     "SentinelTopology",
     "TopologySettings",
+    "TopologyTls",
     "main",
     "sentinel_config_lines",
 ]
@@ -71,9 +91,11 @@ class TopologySettings:
     failover_timeout_ms: int = 5000
     parallel_syncs: int = 1
     redis_port: int = 6379
-    """Data port inside compose and the launcher's default base port."""
+    """Data port inside the compose network (each container has its own). The launcher
+    never uses it: on a host a packaged redis-server usually holds 6379, so the launcher
+    takes free ports unless given ``--ports`` or ``--base-port``."""
     sentinel_port: int = 26379
-    """Sentinel port inside compose; the launcher puts sentinels at base + offset."""
+    """Sentinel port inside the compose network."""
     cluster_base_port: int = 7000
     cluster_node_timeout_ms: int = 1000
     cluster_primaries: int = 3
@@ -81,13 +103,74 @@ class TopologySettings:
 
     @property
     def sentinel_port_offset(self) -> int:
-        """Distance from a data port to the first sentinel port (20000)."""
+        """Distance from ``--base-port`` to the first sentinel port (20000, as from
+        6379 to 26379 in compose)."""
         return self.sentinel_port - self.redis_port
 
 
 SETTINGS = TopologySettings()
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TopologyTls:
+    """The TLS files of a topology.
+
+    Every ``redis-server`` and sentinel presents ``cert``/``key`` (to clients, and as its
+    client certificate to the others: replication, sentinel links, the cluster bus) and
+    trusts ``ca``. With ``auth_clients="yes"`` (redis-server's default) a client needs a
+    certificate signed by ``ca`` too: :attr:`url` options carry ``client_cert`` and
+    ``client_key``.
+    """
+
+    ca: str
+    cert: str
+    key: str
+    client_cert: str | None = None
+    client_key: str | None = None
+    auth_clients: str = "yes"
+
+    @classmethod
+    def from_certs(cls, certs: Certs, *, auth_clients: str = "yes") -> TopologyTls:
+        """The files :func:`felix_redis.testing.certs.make_topology_certs` makes."""
+        return cls(certs.crt("ca"), certs.crt("node"), certs.key("node"), certs.crt("client"),
+                   certs.key("client"), auth_clients)
+
+    def server_directives(self) -> list[str]:
+        """Config lines for a server or sentinel listening with TLS only on ``port``."""
+        return [
+            f'tls-cert-file "{self.cert}"',
+            f'tls-key-file "{self.key}"',
+            f'tls-ca-cert-file "{self.ca}"',
+            f"tls-auth-clients {self.auth_clients}",
+            "tls-replication yes",  # replicas and sentinels connect with TLS
+        ]
+
+    def url_options(self) -> dict[str, str]:
+        """The felix URL query options (docs/security.md)."""
+        options = {"ssl_ca_certs": self.ca}
+        if self.client_cert:
+            options["ssl_certfile"] = self.client_cert
+            if self.client_key:
+                options["ssl_keyfile"] = self.client_key
+        return options
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """redis-py connection options (``ssl=True`` and the files)."""
+        out: dict[str, Any] = {"ssl": True, "ssl_ca_certs": self.ca}
+        if self.client_cert:
+            out["ssl_certfile"] = self.client_cert
+            if self.client_key:
+                out["ssl_keyfile"] = self.client_key
+        return out
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca)
+        context.check_hostname = False  # the probes connect to 127.0.0.1; chains are checked
+        if self.client_cert:
+            context.load_cert_chain(self.client_cert, self.client_key)
+        return context
 
 
 def _wait_until(
@@ -111,12 +194,33 @@ def _wait_until(
 
 
 def _port_is_free(port: int) -> bool:
+    """True if a listener could bind 127.0.0.1:port now.
+
+    SO_REUSEADDR, as redis-server sets it: a port whose last server just stopped keeps
+    sockets in TIME_WAIT for a minute, which would fail a plain bind, but not Redis'.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct free ports, none of them in ``taken`` (which they join)."""
+    ports: list[int] = []
+    for _ in range(count * 50):
+        if len(ports) == count:
+            break
+        port = free_port()
+        if port not in taken:
+            taken.add(port)
+            ports.append(port)
+    if len(ports) != count:
+        raise RuntimeError(f"found only {len(ports)} of {count} free ports")
+    return ports
 
 
 def _free_cluster_port(taken: set[int]) -> int:
@@ -131,23 +235,42 @@ def _free_cluster_port(taken: set[int]) -> int:
 
 
 def _check_ports(ports: Sequence[int]) -> None:
+    """Every port in range and free, or ValueError / OSError naming the first that is not."""
     for port in ports:
         if not 0 < port < 65536:
-            raise ValueError(f"port {port} is out of range; choose a lower --base-port")
+            raise ValueError(f"port {port} is out of range (1-65535); choose lower ports")
         if not _port_is_free(port):
             raise OSError(f"port 127.0.0.1:{port} is in use")
 
 
-def _client(port: int, timeout: float = 1.0) -> redis.Redis:
+def _port_list(ports: Sequence[int], what: str) -> list[int]:
+    out = [int(p) for p in ports]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what} name a port twice: {out}")
+    for port in out:
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is out of range (1-65535)")
+    return out
+
+
+def _client(port: int, timeout: float = 1.0, **options: Any) -> redis.Redis:
+    """A redis-py client of 127.0.0.1:port; ``options``: password, ssl, ssl_ca_certs, ..."""
     return redis.Redis(
-        host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout
+        host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        **options,
     )
 
 
-def _raw(port: int, *args: str, timeout: float = 1.0) -> str:
-    """Send one command to 127.0.0.1:port and return its bulk reply as text, unparsed."""
-    connection = redis.Connection(  # type: ignore[no-untyped-call]
-        host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout
+def _raw(port: int, *args: str, timeout: float = 1.0, **options: Any) -> str:
+    """Send one command to 127.0.0.1:port and return its bulk reply as text, unparsed.
+
+    ``options``: redis-py connection options (password, ssl=True, ssl_ca_certs, ...)."""
+    options = dict(options)
+    use_tls = options.pop("ssl", False)
+    cls = redis.SSLConnection if use_tls else redis.Connection
+    connection: redis.Connection = cls(
+        host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        **options,
     )
     try:
         connection.send_command(*args)  # type: ignore[no-untyped-call]
@@ -167,22 +290,22 @@ def _fields(text: str) -> dict[str, str]:
     return out
 
 
-def _info(port: int, section: str) -> dict[str, str]:
+def _info(port: int, section: str, **options: Any) -> dict[str, str]:
     """``INFO section`` as raw ``key -> value`` strings (nested values left unparsed)."""
-    return _fields(_raw(port, "INFO", section))
+    return _fields(_raw(port, "INFO", section, **options))
 
 
-def _cluster_info(port: int) -> dict[str, str]:
-    return _fields(_raw(port, "CLUSTER", "INFO"))
+def _cluster_info(port: int, **options: Any) -> dict[str, str]:
+    return _fields(_raw(port, "CLUSTER", "INFO", **options))
 
 
 def _alive(server: RedisServer) -> bool:
     return server.process is not None and server.process.poll() is None
 
 
-def _caught_up(primary_port: int, replica_ports: Sequence[int]) -> bool:
+def _caught_up(primary_port: int, replica_ports: Sequence[int], **options: Any) -> bool:
     """True if every replica port is online at the primary with the primary's offset."""
-    info = _info(primary_port, "replication")
+    info = _info(primary_port, "replication", **options)
     offset = int(info.get("master_repl_offset", "-1"))
     seen: dict[int, int] = {}
     for key, value in info.items():
@@ -191,6 +314,59 @@ def _caught_up(primary_port: int, replica_ports: Sequence[int]) -> bool:
             if fields.get("state") == "online":
                 seen[int(fields["port"])] = int(fields["offset"])
     return all(seen.get(port) == offset for port in replica_ports)
+
+
+def _tls_ping(port: int, tls: TopologyTls) -> bool:
+    """True if 127.0.0.1:port completes a TLS handshake and answers PING (or NOAUTH)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw_sock, \
+                tls.context().wrap_socket(raw_sock) as sock:
+            sock.sendall(b"PING\r\n")
+            data = sock.recv(64)
+    except (OSError, ssl.SSLError):
+        return False
+    return data.startswith(b"+PONG") or data.startswith(b"-NOAUTH")
+
+
+class _Server(RedisServer):
+    """A :class:`RedisServer` that reads ``secrets`` (config lines holding passwords) from
+    a private file rather than its command line, and whose readiness check speaks TLS
+    when it listens with TLS only."""
+
+    def __init__(
+        self, *, tls: TopologyTls | None = None, secrets: Sequence[str] = (), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.tls = tls
+        self.secrets = list(secrets)
+
+    @property
+    def secrets_file(self) -> Path:
+        return Path(self.dir) / "secrets.conf"
+
+    def _secret_lines(self) -> list[str]:
+        lines = list(self.secrets)
+        if self.tls is not None:
+            # port 0: no plain listener at all; the TLS port is this server's port
+            lines += ["port 0", f"tls-port {self.port}", *self.tls.server_directives()]
+        return lines
+
+    def command(self) -> list[str]:
+        args = super().command()
+        lines = self._secret_lines()
+        if not lines:
+            return args
+        fd = os.open(self.secrets_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write("\n".join(lines) + "\n")
+        # redis-server reads the file first; the "include" comes last so that its
+        # "port 0" wins over the "--port" RedisServer puts on the command line
+        return [*args, "--include", str(self.secrets_file)]
+
+    def _ping(self) -> bool:
+        if self.tls is None:
+            return super()._ping()
+        return _tls_ping(self.port, self.tls)
 
 
 def sentinel_config_lines(
@@ -220,15 +396,23 @@ def sentinel_config_lines(
     return lines
 
 
-class SentinelServer(RedisServer):
+class SentinelServer(_Server):
     """A ``redis-server --sentinel`` with its own writable config file.
 
     Sentinel rewrites its config file (known replicas, sentinels, epochs), so each one
-    gets a file of its own in its private directory.
+    gets a file of its own in its private directory (mode 0600: it may hold
+    ``sentinel auth-pass`` and ``requirepass``).
     """
 
-    def __init__(self, *, port: int | None = None, directives: Sequence[str] = ()) -> None:
-        super().__init__(port=port)
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        directives: Sequence[str] = (),
+        tls: TopologyTls | None = None,
+        secrets: Sequence[str] = (),
+    ) -> None:
+        super().__init__(port=port, tls=tls, secrets=secrets)
         self.directives = list(directives)
 
     @property
@@ -243,18 +427,68 @@ class SentinelServer(RedisServer):
             f'logfile "{self.logfile}"',
             "daemonize no",
             "protected-mode no",
+            *self._secret_lines(),  # port 0 and tls-port when TLS, requirepass
             *self.directives,
         ]
         if not self.config_file.exists():
-            self.config_file.write_text("\n".join(lines) + "\n")
+            fd = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write("\n".join(lines) + "\n")
         return [self.binary, str(self.config_file), "--sentinel"]
 
 
 class _Topology:
-    """Start/stop bookkeeping shared by both topologies."""
+    """Start/stop bookkeeping, ports and security options shared by both topologies."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, password: str | None, tls: TopologyTls | bool | None, timeout: float = 1.0
+    ) -> None:
         self._started: list[RedisServer] = []
+        if password is not None and (not password or any(c.isspace() for c in password)):
+            raise ValueError("the password must be non-empty, without spaces")
+        self.password = password
+        self._own_certs: str | None = None
+        if tls is True:
+            # made by start(), removed by stop()
+            self._own_certs = os.path.join(
+                tempfile.gettempdir(), f"felix-redis-certs-{uuid.uuid4().hex[:12]}"
+            )
+            tls = TopologyTls.from_certs(Certs(Path(self._own_certs)))
+        self.tls: TopologyTls | None = tls or None
+        self._timeout = timeout
+        self._explicit_ports: list[int] = []
+
+    # -- how the topology reaches its own processes
+
+    def connection_options(self) -> dict[str, Any]:
+        """redis-py options for the data servers (cluster nodes): password and TLS."""
+        options: dict[str, Any] = {}
+        if self.password is not None:
+            options["password"] = self.password
+        if self.tls is not None:
+            options.update(self.tls.client_kwargs())
+        return options
+
+    def client(self, port: int, timeout: float = 1.0) -> redis.Redis:
+        """A redis-py client of the data server on 127.0.0.1:port (password, TLS)."""
+        return _client(port, timeout, **self.connection_options())
+
+    def _raw(self, port: int, *args: str) -> str:
+        return _raw(port, *args, timeout=self._timeout, **self.connection_options())
+
+    def _info(self, port: int, section: str) -> dict[str, str]:
+        return _fields(self._raw(port, "INFO", section))
+
+    def _url(self, scheme: str, hosts: str, path: str, query: dict[str, str]) -> str:
+        """``scheme[s]://[:password@]hosts/path[?query]``, the password percent-encoded."""
+        if self.tls is not None:
+            scheme = scheme.replace("redis", "rediss", 1)
+            query = {**self.tls.url_options(), **query}
+        auth = f":{quote(self.password, safe='')}@" if self.password is not None else ""
+        tail = f"?{urlencode(query, safe='/')}" if query else ""
+        return f"{scheme}://{auth}{hosts}{path}{tail}"
+
+    # -- start and stop
 
     def _launch(self, server: RedisServer) -> RedisServer:
         self._started.append(server)
@@ -267,6 +501,8 @@ class _Topology:
     def start(self) -> _Topology:
         """Start every process and wait until the topology is usable."""
         try:
+            if self._own_certs is not None:
+                make_topology_certs(Path(self._own_certs))
             self._form()
         except BaseException:
             self.stop()
@@ -274,7 +510,8 @@ class _Topology:
         return self
 
     def stop(self) -> None:
-        """Stop every process this topology started, last started first."""
+        """Stop every process this topology started, last started first (and remove the
+        certificates it made)."""
         errors: list[BaseException] = []
         for server in reversed(self._started):
             try:
@@ -282,6 +519,8 @@ class _Topology:
             except Exception as exc:  # keep stopping the rest
                 errors.append(exc)
         self._started.clear()
+        if self._own_certs is not None:
+            shutil.rmtree(self._own_certs, ignore_errors=True)
         if errors:
             raise errors[0]
 
@@ -297,43 +536,100 @@ class _Topology:
 class SentinelTopology(_Topology):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels on loopback.
 
-    With ``base_port`` the primary listens on it, replica ``i`` on ``base_port + i``
-    and sentinel ``j`` on ``base_port + 20000 + j`` (6379, 6380, 26379.. for 6379);
-    without it every process gets a free port. With ``hostname`` (e.g. ``localhost``)
-    servers and sentinels use and announce that name instead of 127.0.0.1, the way
-    ``compose.yaml`` does with service names.
+    Ports: ``ports`` (the primary's first, then one per replica) and ``sentinel_ports``
+    name them; ``base_port`` puts the primary on it, replica ``i`` on ``base_port + i``
+    and sentinel ``j`` on ``base_port + 20000 + j`` (6400, 6401, 26400.. for 6400);
+    whatever is not named gets free ports. ``replicas`` and ``sentinels`` default to the
+    number of ports given, else to :data:`SETTINGS`.
+
+    ``password``: ``requirepass`` and ``masterauth`` on every data server, and
+    ``sentinel auth-pass`` on the sentinels. ``sentinel_password``: ``requirepass`` on
+    the sentinels too (default: none; the sentinels only hand out addresses, and with
+    ``tls`` only clients holding a certificate of the CA reach them); the URL carries
+    it as ``sentinel_password``. ``tls``: a :class:`TopologyTls`, or True for
+    certificates made in a temporary directory (removed on :meth:`stop`); every process
+    then listens with TLS only.
+
+    With ``hostname`` (e.g. ``localhost``) servers and sentinels use and announce that
+    name instead of 127.0.0.1, the way ``compose.yaml`` does with service names.
     """
 
     def __init__(
         self,
-        replicas: int = SETTINGS.replicas,
-        sentinels: int = SETTINGS.sentinels,
+        replicas: int | None = None,
+        sentinels: int | None = None,
         *,
         persistence: bool = False,
         extra: Sequence[str] = (),
+        ports: Sequence[int] | None = None,
+        sentinel_ports: Sequence[int] | None = None,
         base_port: int | None = None,
         settings: TopologySettings = SETTINGS,
         quorum: int | None = None,
         hostname: str | None = None,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+        tls: TopologyTls | bool | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(password=password, tls=tls)
+        if sentinel_password is not None and (
+            not sentinel_password or any(c.isspace() for c in sentinel_password)
+        ):
+            raise ValueError("the sentinel password must be non-empty, without spaces")
+        self.sentinel_password = sentinel_password
+        if ports is not None and base_port is not None:
+            raise ValueError("give ports or base_port, not both")
+        taken: set[int] = set()
+        if ports is not None:
+            data_ports = _port_list(ports, "ports")
+            if replicas is None:
+                replicas = len(data_ports) - 1
+            elif len(data_ports) != replicas + 1:
+                raise ValueError(
+                    f"{len(data_ports)} ports for a primary and {replicas} replicas; "
+                    f"give {replicas + 1}"
+                )
+            self._explicit_ports += data_ports
+        else:
+            if replicas is None:
+                replicas = settings.replicas
+            if base_port is not None:
+                data_ports = [base_port + i for i in range(replicas + 1)]
+                self._explicit_ports += data_ports
+            else:
+                data_ports = []
+        if sentinel_ports is not None:
+            sentinel_list = _port_list(sentinel_ports, "sentinel ports")
+            if sentinels is None:
+                sentinels = len(sentinel_list)
+            elif len(sentinel_list) != sentinels:
+                raise ValueError(f"{len(sentinel_list)} sentinel ports for {sentinels} sentinels")
+            self._explicit_ports += sentinel_list
+        else:
+            if sentinels is None:
+                sentinels = settings.sentinels
+            if base_port is not None:
+                first = base_port + settings.sentinel_port_offset
+                sentinel_list = [first + j for j in range(sentinels)]
+                self._explicit_ports += sentinel_list
+            else:
+                sentinel_list = []
         if replicas < 0 or sentinels < 1:
             raise ValueError("need replicas >= 0 and sentinels >= 1")
+        if len(set(self._explicit_ports)) != len(self._explicit_ports):
+            raise ValueError(f"a port is named twice: {self._explicit_ports}")
+        taken |= set(self._explicit_ports)
+        if not data_ports:
+            data_ports = _free_ports(replicas + 1, taken)
+        if not sentinel_list:
+            sentinel_list = _free_ports(sentinels, taken)
         self.settings = settings
         self.quorum = min(quorum or settings.quorum, sentinels)
         self.hostname = hostname
         self.persistence = persistence
         self.extra = list(extra)
-        if base_port is None:
-            data_ports = [free_port() for _ in range(replicas + 1)]
-            sentinel_ports = [free_port() for _ in range(sentinels)]
-        else:
-            data_ports = [base_port + i for i in range(replicas + 1)]
-            first = base_port + settings.sentinel_port_offset
-            sentinel_ports = [first + j for j in range(sentinels)]
         self._data_ports = data_ports
-        self._sentinel_ports = sentinel_ports
-        self._base_port = base_port
+        self._sentinel_ports = sentinel_list
         self.primary: RedisServer = self._data_server(data_ports[0], None)
         self.replicas: list[RedisServer] = [
             self._data_server(port, data_ports[0]) for port in data_ports[1:]
@@ -348,8 +644,12 @@ class SentinelTopology(_Topology):
             extra += ["--replicaof", self.hostname or "127.0.0.1", str(primary_port)]
         if self.hostname is not None:
             extra += ["--replica-announce-ip", self.hostname]
-        return RedisServer(
-            port=port, persistence=self.persistence, extra=extra + self.extra
+        secrets = []
+        if self.password is not None:
+            secrets = [f"requirepass {self.password}", f"masterauth {self.password}"]
+        return _Server(
+            port=port, persistence=self.persistence, extra=extra + self.extra,
+            tls=self.tls, secrets=secrets,
         )
 
     @property
@@ -361,10 +661,26 @@ class SentinelTopology(_Topology):
         return [("127.0.0.1", port) for port in self._sentinel_ports]
 
     @property
+    def data_ports(self) -> list[int]:
+        """The ports the data servers were started on (the first primary's first)."""
+        return list(self._data_ports)
+
+    @property
+    def sentinel_ports(self) -> list[int]:
+        return list(self._sentinel_ports)
+
+    @property
     def url(self) -> str:
-        """The felix URL: ``redis+sentinel://h:p,h:p,h:p/<service>/<db>``."""
+        """The felix URL: ``redis+sentinel://h:p,h:p,h:p/<service>/<db>``; with TLS
+        ``rediss+sentinel://`` and the CA and client certificate options, with a password
+        ``:password@`` (and ``sentinel_password=`` when the sentinels have one)."""
         hosts = ",".join(f"{h}:{p}" for h, p in self.sentinel_addresses)
-        return f"redis+sentinel://{hosts}/{self.service_name}/{self.settings.db}"
+        query = {}
+        if self.sentinel_password is not None:
+            query["sentinel_password"] = self.sentinel_password
+        return self._url(
+            "redis+sentinel", hosts, f"/{self.service_name}/{self.settings.db}", query
+        )
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -379,8 +695,7 @@ class SentinelTopology(_Topology):
         return self.start()
 
     def _form(self) -> None:
-        if self._base_port is not None:
-            _check_ports(self._data_ports + self._sentinel_ports)
+        _check_ports(self._explicit_ports)
         self._launch(self.primary)
         for replica in self.replicas:
             self._launch(replica)
@@ -389,14 +704,22 @@ class SentinelTopology(_Topology):
         if self.hostname is not None:
             # What compose's entrypoint adds: peers and clients reach it by this name.
             directives.append(f"sentinel announce-ip {self.hostname}")
+        secrets = []
+        if self.password is not None:
+            secrets.append(f"sentinel auth-pass {self.service_name} {self.password}")
+        if self.sentinel_password is not None:
+            # its own clients and its peers (sentinels log in to each other with it)
+            secrets.append(f"requirepass {self.sentinel_password}")
         for port in self._sentinel_ports:
-            sentinel = SentinelServer(port=port, directives=directives)
+            sentinel = SentinelServer(port=port, directives=directives, tls=self.tls)
+            # auth-pass must follow the monitor line that names the service
+            sentinel.directives += secrets
             self.sentinels.append(sentinel)
             self._launch(sentinel)
         self.wait_sentinels_ready()
 
     def sentinel_directives(self) -> list[str]:
-        """The ``sentinel ...`` lines each sentinel starts with."""
+        """The ``sentinel ...`` lines each sentinel starts with (passwords aside)."""
         return sentinel_config_lines(
             self.settings,
             self.hostname or "127.0.0.1",
@@ -411,10 +734,26 @@ class SentinelTopology(_Topology):
         finally:
             self.sentinels.clear()
 
+    def sentinel_options(self) -> dict[str, Any]:
+        """redis-py options for the sentinels themselves: TLS, their own password."""
+        options: dict[str, Any] = {}
+        if self.sentinel_password is not None:
+            options["password"] = self.sentinel_password
+        if self.tls is not None:
+            options.update(self.tls.client_kwargs())
+        return options
+
     def sentinel_client(self, timeout: float = 1.0) -> Sentinel:
-        """A redis-py ``Sentinel`` over this topology's sentinels."""
+        """A redis-py ``Sentinel`` over this topology's sentinels (``master_for`` and
+        ``slave_for`` clients get the data servers' password and TLS options)."""
         return Sentinel(  # type: ignore[no-untyped-call]
-            self.sentinel_addresses, socket_timeout=timeout, socket_connect_timeout=timeout
+            self.sentinel_addresses,
+            sentinel_kwargs={
+                "socket_timeout": timeout, "socket_connect_timeout": timeout,
+                **self.sentinel_options(),
+            },
+            socket_timeout=timeout, socket_connect_timeout=timeout,
+            **self.connection_options(),
         )
 
     def wait_replicas_synced(self, timeout: float = 15.0) -> None:
@@ -422,7 +761,7 @@ class SentinelTopology(_Topology):
         running = [r.port for r in self.replicas if _alive(r)]
         _wait_until(
             "replicas to sync with the primary",
-            lambda: _caught_up(self.primary.port, running),
+            lambda: _caught_up(self.primary.port, running, **self.connection_options()),
             timeout,
         )
 
@@ -432,7 +771,7 @@ class SentinelTopology(_Topology):
 
         def ready() -> bool:
             for sentinel in self.sentinels:
-                with _client(sentinel.port) as conn:
+                with _client(sentinel.port, **self.sentinel_options()) as conn:
                     state = conn.sentinel_master(self.service_name)
                 if int(state["num-other-sentinels"]) < len(self.sentinels) - 1:
                     return False
@@ -447,7 +786,11 @@ class SentinelTopology(_Topology):
     def primary_address(self) -> tuple[str, int]:
         """The primary address the sentinels currently report."""
         sentinel = self.sentinel_client()
-        host, port = sentinel.discover_master(self.service_name)  # type: ignore[no-untyped-call]
+        try:
+            host, port = sentinel.discover_master(self.service_name)  # type: ignore[no-untyped-call]
+        finally:
+            for conn in sentinel.sentinels:
+                conn.close()
         return str(host), int(port)
 
     def kill_primary(self) -> RedisServer:
@@ -468,7 +811,7 @@ class SentinelTopology(_Topology):
             host, port = self.primary_address()
             if port == old.port:
                 return None
-            if _info(port, "replication").get("role") != "master":
+            if self._info(port, "replication").get("role") != "master":
                 return None
             return host, port
 
@@ -482,42 +825,77 @@ class SentinelTopology(_Topology):
 class ClusterTopology(_Topology):
     """A Redis Cluster of ``primaries`` primaries, each with ``replicas_per_primary``.
 
-    With ``base_port`` nodes listen on ``base_port``, ``base_port + 1``, ...; without it
-    on free ports whose cluster bus port (port + 10000) is free too.
+    Ports: ``ports`` names every node's (``primaries * (1 + replicas_per_primary)`` of
+    them; ``primaries`` defaults to what that many ports make); ``base_port`` puts nodes
+    on ``base_port``, ``base_port + 1``, ...; otherwise free ports. Each node's cluster
+    bus port (port + 10000) must be free too.
+
+    ``password``: ``requirepass`` and ``masterauth`` on every node. ``tls``: a
+    :class:`TopologyTls`, or True for certificates made in a temporary directory;
+    nodes then listen with TLS only and the cluster bus and replication use TLS
+    (``tls-cluster``, ``tls-replication``).
     """
 
     def __init__(
         self,
-        primaries: int = SETTINGS.cluster_primaries,
-        replicas_per_primary: int = SETTINGS.cluster_replicas_per_primary,
+        primaries: int | None = None,
+        replicas_per_primary: int | None = None,
         *,
         persistence: bool = False,
         extra: Sequence[str] = (),
+        ports: Sequence[int] | None = None,
         base_port: int | None = None,
         settings: TopologySettings = SETTINGS,
+        password: str | None = None,
+        tls: TopologyTls | bool | None = None,
     ) -> None:
-        super().__init__()
-        if primaries < 3:
-            raise ValueError("redis-cli --cluster create needs at least 3 primaries")
+        super().__init__(password=password, tls=tls)
+        if ports is not None and base_port is not None:
+            raise ValueError("give ports or base_port, not both")
+        if replicas_per_primary is None:
+            replicas_per_primary = settings.cluster_replicas_per_primary
         if replicas_per_primary < 0:
             raise ValueError("replicas_per_primary must be >= 0")
+        per = 1 + replicas_per_primary
+        if ports is not None:
+            node_ports = _port_list(ports, "ports")
+            if primaries is None:
+                if len(node_ports) % per:
+                    raise ValueError(
+                        f"{len(node_ports)} ports do not split into primaries with "
+                        f"{replicas_per_primary} replicas each"
+                    )
+                primaries = len(node_ports) // per
+            elif len(node_ports) != primaries * per:
+                raise ValueError(
+                    f"{len(node_ports)} ports for {primaries} primaries with "
+                    f"{replicas_per_primary} replicas each; give {primaries * per}"
+                )
+        if primaries is None:
+            primaries = settings.cluster_primaries
+        if primaries < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 primaries")
         self.settings = settings
         self.primaries_wanted = primaries
         self.replicas_per_primary = replicas_per_primary
         self.persistence = persistence
         self.extra = list(extra)
-        total = primaries * (1 + replicas_per_primary)
-        self._base_port = base_port
-        if base_port is None:
+        total = primaries * per
+        if ports is None and base_port is None:
             taken: set[int] = set()
-            ports = []
+            node_ports = []
             for _ in range(total):
                 port = _free_cluster_port(taken)
                 taken |= {port, port + CLUSTER_BUS_PORT_OFFSET}
-                ports.append(port)
+                node_ports.append(port)
         else:
-            ports = [base_port + i for i in range(total)]
-        self.nodes: list[RedisServer] = [self._node(port) for port in ports]
+            if ports is None:
+                assert base_port is not None
+                node_ports = [base_port + i for i in range(total)]
+            self._explicit_ports = node_ports + [
+                p + CLUSTER_BUS_PORT_OFFSET for p in node_ports
+            ]
+        self.nodes: list[RedisServer] = [self._node(port) for port in node_ports]
         self._replicas_of: dict[int, list[int]] = {}
 
     def _node(self, port: int) -> RedisServer:
@@ -528,7 +906,15 @@ class ClusterTopology(_Topology):
         ]
         if self.persistence:
             extra += ["--appendonly", "yes", "--appendfsync", "everysec"]
-        return RedisServer(port=port, persistence=self.persistence, extra=extra + self.extra)
+        secrets = []
+        if self.password is not None:
+            secrets = [f"requirepass {self.password}", f"masterauth {self.password}"]
+        if self.tls is not None:
+            secrets.append("tls-cluster yes")  # the bus port is tls-port + 10000
+        return _Server(
+            port=port, persistence=self.persistence, extra=extra + self.extra,
+            tls=self.tls, secrets=secrets,
+        )
 
     @property
     def ports(self) -> list[int]:
@@ -536,8 +922,11 @@ class ClusterTopology(_Topology):
 
     @property
     def url(self) -> str:
-        """The felix URL: ``redis+cluster://h:p,h:p,...`` over every node."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        """The felix URL: ``redis+cluster://h:p,h:p,...`` over every node; with TLS
+        ``rediss+cluster://`` and the CA and client certificate options, with a password
+        ``:password@``."""
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return self._url("redis+cluster", hosts, "", {})
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
@@ -551,23 +940,32 @@ class ClusterTopology(_Topology):
         return self.start()
 
     def _form(self) -> None:
-        if self._base_port is not None:
-            _check_ports(
-                self.ports + [p + CLUSTER_BUS_PORT_OFFSET for p in self.ports]
-            )
+        _check_ports(self._explicit_ports)
         for node in self.nodes:
             self._launch(node)
         cli = shutil.which("redis-cli")
         if cli is None:
             raise FileNotFoundError("no redis-cli on PATH (needed to form the cluster)")
-        command = [
-            cli, "--cluster", "create",
+        command = [cli]
+        env = dict(os.environ)
+        env.pop("REDISCLI_AUTH", None)
+        if self.tls is not None:
+            command += ["--tls", "--cacert", self.tls.ca]
+            if self.tls.client_cert:
+                command += ["--cert", self.tls.client_cert]
+                if self.tls.client_key:
+                    command += ["--key", self.tls.client_key]
+        if self.password is not None:
+            env["REDISCLI_AUTH"] = self.password  # not on the command line
+        command += [
+            "--cluster", "create",
             *(f"127.0.0.1:{p}" for p in self.ports),
             "--cluster-replicas", str(self.replicas_per_primary),
             "--cluster-yes",
         ]
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+            command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+            env=env,
         )
         if done.returncode != 0 or "[OK] All 16384 slots covered" not in done.stdout:
             raise RuntimeError(
@@ -586,7 +984,7 @@ class ClusterTopology(_Topology):
         """``CLUSTER NODES`` from one live node, as dicts (id, port, role, primary_id, slots)."""
         port = via if via is not None else next(p for p in self.ports if self.alive(p))
         rows = []
-        for line in _raw(port, "CLUSTER", "NODES").splitlines():
+        for line in self._raw(port, "CLUSTER", "NODES").splitlines():
             parts = line.split()
             flags = parts[2].split(",")
             role = "primary" if "master" in flags else "replica"
@@ -616,6 +1014,22 @@ class ClusterTopology(_Topology):
         primary_id = next(r["id"] for r in rows if int(r["port"]) == primary_port)
         return sorted(int(r["port"]) for r in rows if r["primary_id"] == primary_id)
 
+    def primary_port_for_key(self, key: str | bytes) -> int:
+        """Port of the live primary serving ``key``'s slot, as the cluster sees it now."""
+        via = next(p for p in self.ports if self.alive(p))
+        with self.client(via) as conn:
+            slot = int(conn.execute_command("CLUSTER", "KEYSLOT", key))
+        for row in self.cluster_nodes(via):
+            if row["role"] != "primary" or row["failed"] == "yes":
+                continue
+            for part in row["slots"].split():
+                if part.startswith("["):
+                    continue  # a slot being migrated or imported
+                first, _, last = part.partition("-")
+                if int(first) <= slot <= int(last or first):
+                    return int(row["port"])
+        raise LookupError(f"no live primary serves slot {slot}")
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until every live node reports ``cluster_state:ok`` with all slots covered
         and every replica is attached to its primary."""
@@ -623,7 +1037,7 @@ class ClusterTopology(_Topology):
 
         def ready() -> bool:
             for port in live:
-                info = _cluster_info(port)
+                info = _fields(self._raw(port, "CLUSTER", "INFO"))
                 if info.get("cluster_state") != "ok":
                     return False
                 if int(info.get("cluster_slots_assigned", "0")) != CLUSTER_SLOTS:
@@ -631,7 +1045,7 @@ class ClusterTopology(_Topology):
                 if int(info.get("cluster_slots_ok", "0")) != CLUSTER_SLOTS:
                     return False
             for port in live:
-                repl = _info(port, "replication")
+                repl = self._info(port, "replication")
                 if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
                     return False
             return True
@@ -643,7 +1057,11 @@ class ClusterTopology(_Topology):
 
         def synced() -> bool:
             return all(
-                _caught_up(port, [r for r in self.replica_ports(port) if self.alive(r)])
+                _caught_up(
+                    port,
+                    [r for r in self.replica_ports(port) if self.alive(r)],
+                    **self.connection_options(),
+                )
                 for port in self.primary_ports()
             )
 
@@ -669,7 +1087,7 @@ class ClusterTopology(_Topology):
                     port
                     for port in candidates
                     if self.alive(port)
-                    and _info(port, "replication").get("role") == "master"
+                    and self._info(port, "replication").get("role") == "master"
                 ),
                 None,
             )
@@ -677,7 +1095,7 @@ class ClusterTopology(_Topology):
                 return None
             # Every live node must agree, so any of them routes to the new primary.
             for via in (p for p in self.ports if self.alive(p)):
-                if _cluster_info(via).get("cluster_state") != "ok":
+                if _fields(self._raw(via, "CLUSTER", "INFO")).get("cluster_state") != "ok":
                     return None
                 rows = self.cluster_nodes(via)
                 row = next((r for r in rows if int(r["port"]) == winner), None)
@@ -702,7 +1120,7 @@ class ClusterTopology(_Topology):
         if hard:
             self.kill_node(primary_port)
         else:
-            with _client(replicas[0], timeout=5.0) as conn:
+            with self.client(replicas[0], timeout=5.0) as conn:
                 conn.execute_command("CLUSTER FAILOVER")
         new = self.wait_for_promotion(primary_port, timeout)
         if not hard:
@@ -719,13 +1137,38 @@ class ClusterTopology(_Topology):
                 row = next(r for r in rows if int(r["port"]) == replica_port)
                 if row["role"] != "replica" or row["primary_id"] != ids[primary_port]:
                     return False
-            repl = _info(replica_port, "replication")
+            repl = self._info(replica_port, "replication")
             return repl.get("master_link_status") == "up"
 
         _wait_until(f"127.0.0.1:{replica_port} to follow {primary_port}", attached, timeout, 0.1)
 
 
 # --------------------------------------------------------------------------- CLI
+
+
+def _ports_option(text: str) -> list[int]:
+    try:
+        ports = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ports: {text!r}") from None
+    if not ports:
+        raise argparse.ArgumentTypeError("no port given")
+    return ports
+
+
+def _add_security_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--password-from-env", metavar="VAR", default=None,
+                        help="requirepass/masterauth on every data server: the value of "
+                             "environment variable VAR (never printed; clients take it from "
+                             "$FELIX_REDIS_PASSWORD)")
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS only, on every process: certificates made in a temporary "
+                             "directory (removed on exit), or in --certs-dir")
+    parser.add_argument("--certs-dir", metavar="DIR", default=None,
+                        help="with --tls: use ca.crt, node.crt/key and client.crt/key in DIR "
+                             "(made there when missing, kept on exit)")
+    parser.add_argument("--persistence", action="store_true",
+                        help="AOF (appendfsync everysec) and RDB in each server's directory")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -736,21 +1179,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="kind", required=True)
     sen = sub.add_parser("sentinel", help="a primary, replicas and sentinels")
+    sen.add_argument("--ports", type=_ports_option, default=None, metavar="P,P,...",
+                     help="data server ports, the primary's first (default: free ports)")
+    sen.add_argument("--sentinel-ports", type=_ports_option, default=None, metavar="P,P,...",
+                     help="sentinel ports (default: free ports, or --base-port + 20000...)")
     sen.add_argument("--base-port", type=int, default=None,
                      help="primary port; replicas follow it, sentinels at +20000 "
-                          "(default: free ports)")
-    sen.add_argument("--replicas", type=int, default=SETTINGS.replicas)
-    sen.add_argument("--sentinels", type=int, default=SETTINGS.sentinels)
-    sen.add_argument("--persistence", action="store_true",
-                     help="AOF (appendfsync everysec) and RDB in each server's directory")
+                          "(instead of --ports)")
+    sen.add_argument("--replicas", type=int, default=None,
+                     help=f"default: as many as --ports name, else {SETTINGS.replicas}")
+    sen.add_argument("--sentinels", type=int, default=None,
+                     help=f"default: as many as --sentinel-ports name, else {SETTINGS.sentinels}")
+    _add_security_options(sen)
     clu = sub.add_parser("cluster", help="a Redis Cluster with replicas")
+    clu.add_argument("--ports", type=_ports_option, default=None, metavar="P,P,...",
+                     help="every node's port; each bus port (port + 10000) must be free too "
+                          "(default: free ports)")
     clu.add_argument("--base-port", type=int, default=None,
-                     help="first node's port; the others follow (default: free ports)")
-    clu.add_argument("--primaries", type=int, default=SETTINGS.cluster_primaries)
+                     help="first node's port; the others follow (instead of --ports)")
+    clu.add_argument("--primaries", type=int, default=None,
+                     help=f"default: what --ports make, else {SETTINGS.cluster_primaries}")
     clu.add_argument("--replicas-per-primary", type=int,
                      default=SETTINGS.cluster_replicas_per_primary)
-    clu.add_argument("--persistence", action="store_true",
-                     help="AOF (appendfsync everysec) and RDB in each node's directory")
+    _add_security_options(clu)
     return parser
 
 
@@ -762,43 +1213,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    password = None
+    if args.password_from_env is not None:
+        password = os.environ.get(args.password_from_env)
+        if not password:
+            print(f"topology: error: environment variable {args.password_from_env} is not set "
+                  "or empty", file=sys.stderr)
+            return 1
+    tls: TopologyTls | bool | None = None
+    if args.certs_dir is not None and not args.tls:
+        print("topology: error: --certs-dir needs --tls", file=sys.stderr)
+        return 1
+    if args.tls:
+        tls = True
+        if args.certs_dir is not None:
+            try:
+                certs = make_topology_certs(Path(args.certs_dir).resolve())
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"topology: error: cannot make certificates in {args.certs_dir}: {exc}",
+                      file=sys.stderr)
+                return 1
+            tls = TopologyTls.from_certs(certs)
+
     previous = {
         sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
     }
-    topology: SentinelTopology | ClusterTopology
-    if args.kind == "sentinel":
-        topology = SentinelTopology(
-            replicas=args.replicas, sentinels=args.sentinels,
-            persistence=args.persistence, base_port=args.base_port,
-        )
-    else:
-        topology = ClusterTopology(
-            primaries=args.primaries, replicas_per_primary=args.replicas_per_primary,
-            persistence=args.persistence, base_port=args.base_port,
-        )
+    topology: SentinelTopology | ClusterTopology | None = None
     try:
+        if args.kind == "sentinel":
+            topology = SentinelTopology(
+                replicas=args.replicas, sentinels=args.sentinels, persistence=args.persistence,
+                ports=args.ports, sentinel_ports=args.sentinel_ports, base_port=args.base_port,
+                password=password, tls=tls,
+            )
+        else:
+            topology = ClusterTopology(
+                primaries=args.primaries, replicas_per_primary=args.replicas_per_primary,
+                persistence=args.persistence, ports=args.ports, base_port=args.base_port,
+                password=password, tls=tls,
+            )
         topology.start()
+        scheme = "rediss" if topology.tls is not None else "redis"
         if isinstance(topology, SentinelTopology):
-            print(f"primary   {topology.primary.url}")
+            print(f"primary   {scheme}://127.0.0.1:{topology.primary.port}/0")
             for replica in topology.replicas:
-                print(f"replica   {replica.url}")
+                print(f"replica   {scheme}://127.0.0.1:{replica.port}/0")
             for host, port in topology.sentinel_addresses:
                 print(f"sentinel  {host}:{port}")
         else:
             for port in topology.primary_ports():
                 replicas = ", ".join(str(p) for p in topology.replica_ports(port))
                 print(f"primary   127.0.0.1:{port}  replicas: {replicas or '-'}")
-        print(f"FELIX_REDIS_URL={topology.url}", flush=True)
+        if topology.tls is not None:
+            print(f"tls       CA {topology.tls.ca}, client certificate "
+                  f"{topology.tls.client_cert} (key {topology.tls.client_key})")
+        # the password stays out of the printed URL: clients read $FELIX_REDIS_PASSWORD
+        shown = topology.url
+        if password is not None:
+            shown = shown.replace(f":{quote(password, safe='')}@", "", 1)
+            print(f"password  export FELIX_REDIS_PASSWORD=\"${args.password_from_env}\" "
+                  "(the URL holds none)")
+        print(f"FELIX_REDIS_URL={shown}", flush=True)
         print("running; Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
         return 0
-    except (OSError, RuntimeError, ValueError) as exc:
-        print(f"topology: error: {exc}", file=sys.stderr)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
+        message = str(exc)
+        if password:
+            message = message.replace(password, "***")
+        print(f"topology: error: {message}", file=sys.stderr)
         return 1
     finally:
-        with contextlib.suppress(Exception):
-            topology.stop()
+        if topology is not None:
+            with contextlib.suppress(Exception):
+                topology.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
