@@ -9,7 +9,7 @@ import click
 from felix_redis import acl as felix_acl
 from felix_redis import scripts
 from felix_redis.errors import InvalidArgument
-from felixctl.common import Ctl, examples, pass_ctl
+from felixctl.common import Ctl, OperationError, examples, hide_password, pass_ctl
 
 
 @click.group(epilog=examples(
@@ -26,7 +26,10 @@ def acl() -> None:
         "FELIX_PW=s3cret felixctl acl grant app --stream jobs --role stream.publish --password-from-env FELIX_PW "
         "--apply",
         note="Rules only add to what USER has; --reset starts the user over (and drops its passwords). "
-        "Set a password separately with ACL SETUSER USER >password, or with --password-from-env.",
+        "Set a password separately with ACL SETUSER USER >password, or with --password-from-env. "
+        "--apply runs the command on every data node: on Sentinel the primary and every replica the "
+        "sentinels know, on Cluster every node (ACL SETUSER is not replicated); a node it cannot reach "
+        "is named and the exit status is 1.",
     ),
 )
 @click.argument("user")
@@ -35,7 +38,8 @@ def acl() -> None:
 @click.option("--stream", required=True, help="The stream the role is granted on.")
 @click.option("--group", default=None, help="The group (group.consume and group.manage).")
 @click.option("--role", type=click.Choice(felix_acl.ROLES), required=True, help="The role to grant.")
-@click.option("--apply", "apply_", is_flag=True, help="Run the ACL SETUSER command on the server too.")
+@click.option("--apply", "apply_", is_flag=True,
+              help="Run the ACL SETUSER command too, on every data node (replicas, every Cluster node).")
 @click.option("--reset", is_flag=True, help="Start the user over: 'reset' first (drops its passwords).")
 @click.option("--password-from-env", metavar="VAR", default=None,
               help="Also set the password held in environment variable VAR (never printed).")
@@ -54,8 +58,18 @@ def grant(
     args = felix_acl.setuser_args(user, rules, reset=reset, password=password)
     click.echo(felix_acl.format_command(args))
     if apply_:
-        felix_acl.grant(ctl.client, args)
-        click.echo(f"applied: {role} for user {user}", err=True)
+        results = felix_acl.grant_everywhere(ctl.client, args)
+        for result in results:
+            if result.ok:
+                click.echo(f"applied: {role} for user {user} on {result}", err=True)
+            else:
+                click.echo(f"not applied on {result}: {hide_password(result.error or '', ctl.known_url)}",
+                           err=True)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise OperationError(
+                f"ACL SETUSER {user} not applied on {len(failed)} of {len(results)} nodes: "
+                + ", ".join(str(r) for r in failed) + " (run it again once they are back)")
 
 
 @acl.command(

@@ -232,6 +232,8 @@ def test_cli_grant_prints_and_applies(admin: felix_redis.Client, raw: redis.Redi
                                 env={"FELIXTEST_PW": PW})
         assert applied.exit_code == 0, applied.output
         assert PW not in applied.output and ">***" in applied.stdout
+        port = raw.connection_pool.connection_kwargs["port"]
+        assert applied.stderr.strip() == f"applied: group.consume for user {user} on 127.0.0.1:{port} (primary)"
         c = felix_redis.connect(user_url(redis_url, user))
         assert c.group_poll("acme", "prod", "jobs", 0, "workers")
         c.close()
@@ -243,6 +245,32 @@ def test_cli_grant_prints_and_applies(admin: felix_redis.Client, raw: redis.Redi
         lines = denied.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("felixctl: error:") and "group.manage" in lines[0]
         assert PW not in denied.stderr
+    finally:
+        raw.execute_command("ACL", "DELUSER", user)
+
+
+def test_rules_let_a_role_route_on_a_cluster_without_reading_data() -> None:
+    """redis-py's RedisCluster reads CLUSTER SLOTS and COMMAND on connect and asks COMMAND
+    GETKEYS where an FCALL goes: every role gets those keyless commands, nothing more of
+    CLUSTER (tests/test_secured_topology.py runs roles on a real cluster)."""
+    for role, group in (("group.consume", "workers"), ("group.manage", "workers"), ("stream.publish", None),
+                        ("stream.admin", None)):
+        rules = acl.rules(role, "acme", "prod", "jobs", group)
+        assert {"+cluster|slots", "+command", "+asking"} <= set(rules)
+        assert "+cluster" not in rules and not any(r.startswith("+cluster|") and r != "+cluster|slots" for r in rules)
+
+
+def test_grant_everywhere_on_one_server(raw: redis.Redis) -> None:
+    user = f"felixeverywhere{os.getpid()}"
+    args = acl.setuser_args(user, acl.rules("stream.publish", "acme", "prod", "jobs"), password=PW)
+    try:
+        (result,) = acl.grant_everywhere(raw, args)
+        port = raw.connection_pool.connection_kwargs["port"]
+        assert (result.address, result.role, result.ok, str(result)) == (
+            f"127.0.0.1:{port}", "primary", True, f"127.0.0.1:{port} (primary)")
+        assert raw.execute_command("ACL", "GETUSER", user) is not None
+        (refused,) = acl.grant_everywhere(raw, ["ACL", "SETUSER", user, "+nosuchcommand"])
+        assert not refused.ok and "nosuchcommand" in (refused.error or "").lower()
     finally:
         raw.execute_command("ACL", "DELUSER", user)
 
