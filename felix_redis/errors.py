@@ -15,6 +15,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "NotReplicated",
+    "OutcomeUnknown",
     "PermissionDenied",
     "SequenceError",
     "StaleClaim",
@@ -71,7 +72,21 @@ class Conflict(FelixError):
 
 
 class ConnectionFailed(FelixError, ConnectionError):
-    """Redis could not be reached; the message names the server (never the password)."""
+    """Redis could not be reached; the message names the server (never the password).
+
+    ``unsent`` is True when the call certainly did not run: no connection could be made,
+    or the server refused it before running it (a replica, a failover or restart under
+    way, a slot that moved). Such a call may be sent again whatever it does."""
+
+    def __init__(self, message: str = "", *, unsent: bool = False) -> None:
+        super().__init__(message)
+        self.unsent = unsent
+
+
+class OutcomeUnknown(ConnectionFailed):
+    """The connection was lost after a call that is not safe to repeat was sent: it may
+    or may not have taken effect, and the client did not send it again. Look (describe,
+    read) before repeating it."""
 
 
 _CODES: dict[str, type[FelixError]] = {
@@ -88,6 +103,9 @@ _CODES: dict[str, type[FelixError]] = {
 }
 
 _FELIX_RE = re.compile(r"FELIX_([A-Z_]+) (.*)", re.S)
+#: How ACL refusals begin once redis-py dropped their NOPERM code: Redis 7.0's words, then
+#: Valkey 8's (which names the user: "User NAME has no permissions to run ...").
+_ACL_REFUSALS = ("this user has no permissions", "No permissions to access", "ACL failure in script")
 
 
 def from_response(message: str) -> FelixError | None:
@@ -100,7 +118,8 @@ def from_response(message: str) -> FelixError | None:
         return WrongKeyType(message)
     if message.startswith("NOPERM") or "NOPERM" in message[:40]:
         return PermissionDenied(message)
-    if message.startswith("this user has no permissions") or "user executing the script can't" in message:
+    if message.startswith(_ACL_REFUSALS) or "user executing the script can't" in message or (
+            message.startswith("User ") and " has no permissions to " in message):
         # ACL refusals: redis-py drops the NOPERM code; inside a script Redis 7.0 words it so
         return PermissionDenied(f"{message} (Redis ACL: this user holds no felix-redis role that covers "
                                 "these keys or this command; see docs/security.md)")
