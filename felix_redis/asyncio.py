@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import AskError, ResponseError
+from redis.exceptions import AskError, AuthenticationError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -30,7 +30,7 @@ from felix_redis.client import (
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
 from felix_redis.keys import check_record_key
-from felix_redis.lane import AsyncLane, lane_pool
+from felix_redis.lane import AsyncLane, NotSent, async_node_call, async_pool_call, lane_pool, read_reply
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
     Batch,
@@ -55,9 +55,10 @@ T = TypeVar("T")
 
 
 async def _areply(conn: Any) -> Any:
-    """One reply from ``conn``; an error reply is returned, not raised."""
+    """One reply from ``conn``; an error reply is returned, not raised (as
+    :func:`felix_redis.lane.read_reply`: a Sentinel connection's READONLY stays a reply)."""
     try:
-        return await conn.read_response()
+        return await read_reply(conn)
     except ResponseError as exc:
         return exc
 
@@ -99,8 +100,8 @@ class AsyncClient(_AwaitsToItself):
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else type(redis_client).__name__
         self._runner = scripts.Runner()
-        pool = lane_pool(redis_client)
-        self._lane = AsyncLane(pool) if pool is not None else None
+        self._pool = lane_pool(redis_client)  # as Client._pool
+        self._lane = AsyncLane(self._pool) if self._pool is not None else None
 
     # -- driver
 
@@ -145,9 +146,8 @@ class AsyncClient(_AwaitsToItself):
                     return await self._eval_and_wait(op)
                 return await self._eval(op)
             if type(op) is Cmd:
-                if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
-                    node = self.redis.get_node_from_key(op.key)
-                    return await self.redis.execute_command(*op.args, target_nodes=node)
+                if self._cluster and op.key is not None:
+                    return await self.redis.get_node_from_key(op.key).execute_command(*op.args)
                 return await self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return await self._block(op)
@@ -155,11 +155,9 @@ class AsyncClient(_AwaitsToItself):
                 return await self._batch(op)
             await asyncio.sleep(op.seconds)  # type: ignore[union-attr]
             return None
-        except UNAVAILABLE as exc:
-            # A failover or restart under way: like a lost connection.
-            raise ConnectionFailed(f"{getattr(op, 'context', '')}: Redis at {self.url} cannot take the call now: "
-                                   f"{type(exc).__name__}: {exc}") from None
-        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+        except (ResponseError, RedisConnectionError, RedisTimeoutError, *UNAVAILABLE) as exc:
+            if self._cluster and (not isinstance(exc, ResponseError) or isinstance(exc, AskError)):
+                await self._refresh_slots()  # as Client._execute_once
             raise translate(exc, op, self.url) from None
 
     async def _eval(self, op: Eval) -> Any:
@@ -167,6 +165,7 @@ class AsyncClient(_AwaitsToItself):
         runner, lane = self._runner, self._lane
         for _ in range(3):
             command = runner.command(op.script, op.keys, op.args)
+            node = self.redis.get_node_from_key(op.keys[0]) if self._cluster else None
             try:
                 if lane is not None and not lane.in_use:
                     lane.in_use = True
@@ -174,18 +173,35 @@ class AsyncClient(_AwaitsToItself):
                         return await lane.call(command)
                     finally:
                         lane.in_use = False
-                return await self.redis.execute_command(*command)
+                return await self._call(command, node)
             except ResponseError as exc:
                 if runner.missing(exc):
-                    await self._load(op.script)
+                    await self._load(op.script, node)
+                elif isinstance(exc, AskError) and self._cluster:
+                    await self._refresh_slots()  # MOVED or ASK: the script did not run there
                 elif not runner.refused(exc):
                     raise
-        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?) "
+                               "or redirecting the call", unsent=True)
 
-    async def _load(self, name: str) -> None:
+    async def _call(self, command: tuple[Any, ...], node: Any) -> Any:
+        """One script call off the lane: on ``node`` of a Redis Cluster (redis-py would
+        first ask its default node for the keys, see :meth:`felix_redis.Client._node`), on
+        a connection borrowed from the pool for it, else through execute_command."""
+        if node is not None:
+            return await async_node_call(node, command)
+        if self._pool is not None:
+            return await async_pool_call(self._pool, command)
+        return await self.redis.execute_command(*command)
+
+    async def _load(self, name: str, node: Any = None) -> None:
         """As :meth:`felix_redis.Client._load`, on redis.asyncio."""
+        command = self._runner.load(name)
         try:
-            await self.redis.execute_command(*self._runner.load(name))
+            if node is not None:
+                await async_node_call(node, command)
+            else:
+                await self.redis.execute_command(*command)
         except ResponseError as exc:
             if not self._runner.refused(exc):
                 raise
@@ -211,10 +227,14 @@ class AsyncClient(_AwaitsToItself):
 
     async def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
-        if len(calls) == 1:
+        if not self._cluster:
             return await self.redis.execute_command(*calls[0])
-        # Redis Cluster: one blocking read per slot, at once; the first answer wins.
-        tasks = [asyncio.ensure_future(self.redis.execute_command(*args)) for args in calls]
+        # Redis Cluster: one blocking read per slot, each on its node, at once; the
+        # first answer wins.
+        nodes = [self.redis.get_node_from_key(args[6]) for args in calls]
+        if len(calls) == 1:
+            return await nodes[0].execute_command(*calls[0])
+        tasks = [asyncio.ensure_future(node.execute_command(*args)) for node, args in zip(nodes, calls, strict=True)]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
@@ -234,19 +254,30 @@ class AsyncClient(_AwaitsToItself):
         for _ in range(4):
             commands = [runner.command(op.script, op.keys, op.args), ("WAIT", op.replicas, timeout)]
             node = self.redis.get_node_from_key(op.keys[0]) if self._cluster else None
-            conn = node.acquire_connection() if node is not None else await self.redis.connection_pool.get_connection()
+            try:
+                if node is not None:
+                    conn = node.acquire_connection()
+                else:
+                    conn = await self.redis.connection_pool.get_connection()
+                if not conn.is_connected:
+                    await conn.connect()
+            except AuthenticationError:
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                raise NotSent(exc) from None
             try:
                 await conn.send_packed_command(conn.pack_commands(commands))
                 result, acked = await _areply(conn), await _areply(conn)
+                if isinstance(result, ReadOnlyError):
+                    await conn.disconnect()  # a demoted primary: the next connection asks the sentinels
                 if runner.missing(result):
                     await conn.send_command(*runner.load(op.script))
                     loaded = await _areply(conn)
                     if isinstance(loaded, Exception) and not runner.refused(loaded):
                         raise loaded
-            except (RedisConnectionError, RedisTimeoutError, OSError, asyncio.CancelledError):
+            except BaseException:
                 # A connection left mid-reply must not go back to the pool as it is.
                 await conn.disconnect()
-                await self._refresh_slots()
                 raise
             finally:
                 if node is not None:
@@ -263,15 +294,24 @@ class AsyncClient(_AwaitsToItself):
             if isinstance(acked, Exception):
                 raise acked
             if int(acked) < op.replicas:
+                await self._refresh_primary()
                 raise not_replicated(op, int(acked), timeout)
             return result
-        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call")
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call", unsent=True)
 
     async def _refresh_slots(self) -> None:
         """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
         if self._cluster:
             with contextlib.suppress(Exception):
                 await self.redis.nodes_manager.initialize()
+
+    async def _refresh_primary(self) -> None:
+        """As :meth:`felix_redis.Client._refresh_primary`."""
+        if self._cluster:
+            await self._refresh_slots()
+        elif hasattr(self.redis.connection_pool, "get_master_address"):
+            with contextlib.suppress(Exception):
+                await self.redis.connection_pool.get_master_address()
 
     async def load_library(self) -> str:
         """As :meth:`felix_redis.Client.load_library`."""

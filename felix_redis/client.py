@@ -36,7 +36,7 @@ from felix_redis.errors import (
     redact_url,
 )
 from felix_redis.keys import check_record_key
-from felix_redis.lane import Lane, lane_pool
+from felix_redis.lane import Lane, NotSent, lane_pool, pool_call, read_reply
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
@@ -68,8 +68,11 @@ def translate(exc: Exception, op: Op, server: str) -> Exception:
     """A FelixError for a redis-py exception raised while running ``op``."""
     context = getattr(op, "context", "")
     prefix = f"{context}: " if context else ""
-    if isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_ERRORS):
-        return ConnectionFailed(f"{prefix}Redis at {server} cannot take the call now: {exc}")
+    if isinstance(exc, UNAVAILABLE) or (isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_ERRORS)):
+        # A failover, re-sharding or restart under way; the call did not run (redis-py
+        # strips some error codes from the message, so these are also told apart by type)
+        return ConnectionFailed(f"{prefix}Redis at {server} cannot take the call now: {type(exc).__name__}: {exc}",
+                                unsent=True)
     if isinstance(exc, ResponseError):
         mapped = from_response(str(exc))
         if mapped is None:
@@ -78,10 +81,12 @@ def translate(exc: Exception, op: Op, server: str) -> Exception:
     if isinstance(exc, AuthenticationError):
         # wrong user name or password: no retry will fix it
         return PermissionDenied(f"Redis at {server} refused the credentials: {_short(exc)}")
+    if isinstance(exc, NotSent):
+        return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc.cause)}", unsent=True)
     return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc)}")
 
 
-def _short(exc: Exception) -> str:
+def _short(exc: BaseException) -> str:
     """The gist of a redis-py connection error (some carry kilobytes of pool repr)."""
     if type(exc).__name__ == "MasterNotFoundError":
         return str(exc).split(" : ", 1)[0] + " by the sentinels"
@@ -164,8 +169,10 @@ class Client:
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.url = redact_url(url) if url else _describe(redis_client)
         self._runner = scripts.Runner()
-        pool = lane_pool(redis_client)
-        self._lane = Lane(pool) if pool is not None else None
+        #: redis-py's pool, where script calls may borrow connections one call at a time
+        #: (:func:`felix_redis.lane.pool_call`); None: through execute_command
+        self._pool = lane_pool(redis_client)
+        self._lane = Lane(self._pool) if self._pool is not None else None
 
     # -- driver
 
@@ -204,8 +211,8 @@ class Client:
                     return self._eval_and_wait(op)
                 return self._eval(op)
             if type(op) is Cmd:
-                if op.key is not None and self._cluster and op.args[0] in ("INFO", "SCAN"):
-                    return self.redis.get_node_from_key(op.key).redis_connection.execute_command(*op.args)
+                if self._cluster and op.key is not None:
+                    return self._node(op.key).execute_command(*op.args)
                 return self.redis.execute_command(*op.args)
             if type(op) is BlockAny:
                 return self._block(op)
@@ -213,13 +220,17 @@ class Client:
                 return self._batch(op)
             time.sleep(op.seconds)  # type: ignore[union-attr]
             return None
-        except UNAVAILABLE as exc:
-            # A failover or restart under way (redis-py strips the error code from
-            # the message, so these are told apart by type): like a lost connection.
-            raise ConnectionFailed(f"{getattr(op, 'context', '')}: Redis at {self.url} cannot take the call now: "
-                                   f"{type(exc).__name__}: {exc}") from None
-        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+        except (ResponseError, RedisConnectionError, RedisTimeoutError, *UNAVAILABLE) as exc:
+            if self._cluster and (not isinstance(exc, ResponseError) or isinstance(exc, AskError)):
+                self._refresh_slots()  # a node failed or a slot moved: read the slot map again
             raise translate(exc, op, self.url) from None
+
+    def _node(self, key: str) -> Any:
+        """Redis Cluster: the client of the node that serves ``key``'s slot, by redis-py's
+        slot map. Keyed calls go there directly: redis-py would first ask its default node
+        for the keys of an FCALL or XREAD (``COMMAND GETKEYS``), a round trip more, and
+        one that fails for good when the default node is the one that died."""
+        return self.redis.get_redis_connection(self.redis.get_node_from_key(key))
 
     def _eval(self, op: Eval) -> Any:
         """FCALL (or EVALSHA) on the client's lane (:mod:`felix_redis.lane`) when it is
@@ -229,28 +240,40 @@ class Client:
         runner, lane = self._runner, self._lane
         for _ in range(3):
             command = runner.command(op.script, op.keys, op.args)
+            pool = self._node(op.keys[0]).connection_pool if self._cluster else self._pool
             try:
                 if lane is not None and lane.lock.acquire(False):
                     try:
                         return lane.call(command)
                     finally:
                         lane.lock.release()
+                if pool is not None:
+                    return pool_call(pool, command)
                 return self.redis.execute_command(*command)
             except ResponseError as exc:
                 if runner.missing(exc):
-                    self._load(op.script)
+                    self._load(op.script, pool)
+                elif isinstance(exc, AskError) and self._cluster:
+                    self._refresh_slots()  # MOVED or ASK: the script did not run there
                 elif not runner.refused(exc):
                     raise
-        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?) "
+                               "or redirecting the call", unsent=True)
 
     def _run_script(self, name: str, keys: list[Any], args: list[Any]) -> Any:
         """Script ``name`` as it is, redis-py errors untranslated (for tests and tools)."""
         return self._eval(Eval(name, keys, args, name))
 
-    def _load(self, name: str) -> None:
-        """Loads the library (every primary of a Cluster), or the one script."""
+    def _load(self, name: str, pool: Any = None) -> None:
+        """Loads the library, or the one script, on the server of ``pool`` (on Redis
+        Cluster the node that lacked it), else through execute_command (every primary of
+        a Cluster)."""
+        command = self._runner.load(name)
         try:
-            self.redis.execute_command(*self._runner.load(name))
+            if pool is not None:
+                pool_call(pool, command)
+            else:
+                self.redis.execute_command(*command)
         except ResponseError as exc:
             if not self._runner.refused(exc):
                 raise
@@ -271,11 +294,15 @@ class Client:
 
     def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
-        if len(calls) == 1:
+        if not self._cluster:
             return self.redis.execute_command(*calls[0])
-        # Redis Cluster: one blocking read per slot, at once; the first answer wins.
+        # Redis Cluster: one blocking read per slot, each on its node, at once; the
+        # first answer wins.
+        targets = [self._node(args[6]).execute_command for args in calls]
+        if len(calls) == 1:
+            return targets[0](*calls[0])
         pool = _block_pool()
-        futures = [pool.submit(self.redis.execute_command, *args) for args in calls]
+        futures = [pool.submit(target, *args) for target, args in zip(targets, calls, strict=True)]
         done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
         return next(iter(done)).result()
 
@@ -291,26 +318,28 @@ class Client:
         timeout = self.core.wait_timeout_ms
         runner = self._runner
         for _ in range(4):
-            if self._cluster:
-                node = self.redis.get_node_from_key(op.keys[0])
-                pool = self.redis.get_redis_connection(node).connection_pool
-            else:
-                pool = self.redis.connection_pool
-            conn = pool.get_connection()
+            pool = self._node(op.keys[0]).connection_pool if self._cluster else self.redis.connection_pool
+            try:
+                conn = pool.get_connection()
+            except AuthenticationError:
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                raise NotSent(exc) from None
             try:
                 conn.send_packed_command(conn.pack_commands([
                     runner.command(op.script, op.keys, op.args),
                     ("WAIT", op.replicas, timeout),
                 ]))
                 result, acked = _reply(conn), _reply(conn)
+                if isinstance(result, ReadOnlyError):
+                    conn.disconnect()  # a demoted primary: the next connection asks the sentinels
                 if runner.missing(result):
                     conn.send_command(*runner.load(op.script))
                     loaded = _reply(conn)
                     if isinstance(loaded, Exception) and not runner.refused(loaded):
                         raise loaded
-            except (RedisConnectionError, RedisTimeoutError):
-                conn.disconnect()
-                self._refresh_slots()
+            except BaseException:
+                conn.disconnect()  # a reply may still be on its way
                 raise
             finally:
                 pool.release(conn)
@@ -324,15 +353,28 @@ class Client:
             if isinstance(acked, Exception):
                 raise acked
             if int(acked) < op.replicas:
+                self._refresh_primary()
                 raise not_replicated(op, int(acked), timeout)
             return result
-        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call")
+        raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call", unsent=True)
 
     def _refresh_slots(self) -> None:
         """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
         if self._cluster:
             with contextlib.suppress(Exception):
                 self.redis.nodes_manager.initialize()
+
+    def _refresh_primary(self) -> None:
+        """After too few replicas confirmed a write: the server may be a primary the
+        others have left behind (isolated, then failed over). Asks the sentinels (or the
+        cluster) where the primary is now, so the next call goes there (a Sentinel pool
+        that learns of a new primary drops its connections to the old one; the lane
+        drops its own, :func:`felix_redis.lane._stale_primary`)."""
+        if self._cluster:
+            self._refresh_slots()
+        elif hasattr(self.redis.connection_pool, "get_master_address"):
+            with contextlib.suppress(Exception):
+                self.redis.connection_pool.get_master_address()
 
     def load_library(self) -> str:
         """Loads the scripts as a Redis function library on the server now (on every
@@ -666,7 +708,7 @@ class Client:
 def _reply(conn: Any) -> Any:
     """One reply from ``conn``; an error reply is returned, not raised."""
     try:
-        return conn.read_response()
+        return read_reply(conn)
     except ResponseError as exc:
         return exc
 

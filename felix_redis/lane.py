@@ -56,9 +56,11 @@ import threading
 import weakref
 from typing import Any
 
+from redis.asyncio.sentinel import SentinelManagedConnection as _AsyncSentinelConnection
+from redis.exceptions import AuthenticationError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import SentinelManagedConnection as _SentinelConnection
 
 _HiredisParser: Any
 _STOCK: Any
@@ -81,11 +83,17 @@ _stock_classes: dict[type, bool] = {}
 
 def _stock_connection(conn: Any) -> bool:
     """``conn`` is redis-py's own connection class (or one that overrides none of
-    :data:`_LAYERS`) with redis-py's own command packer."""
+    :data:`_LAYERS`, but for Sentinel's ``read_response``, whose one addition, a
+    reconnect after READONLY, :func:`_send_read` makes too) with redis-py's own command
+    packer."""
     cls = type(conn)
     stock = _stock_classes.get(cls)
     if stock is None:
-        stock = _STOCK is not None and all(getattr(cls, m, None) is getattr(_STOCK, m) for m in _LAYERS)
+        stock = _STOCK is not None and all(
+            getattr(cls, m, None) is getattr(_STOCK, m)
+            or (m == "read_response" and getattr(cls, m, None) is _SentinelConnection.read_response)
+            for m in _LAYERS
+        )
         _stock_classes[cls] = stock
     return stock and type(getattr(conn, "_command_packer", None)) in _STOCK_PACKERS
 
@@ -95,7 +103,18 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency, but optional for redis-py
     _hiredis_pack = None
 
-__all__ = ["AsyncLane", "Lane", "lane_pool"]
+__all__ = [
+    "AsyncLane", "Lane", "NotSent", "async_node_call", "async_pool_call", "lane_pool", "pool_call", "read_reply",
+]
+
+
+class NotSent(RedisConnectionError):
+    """No connection could be made for a call, so it was never sent (``cause``: what the
+    connect raised). The drivers may send such a call again whatever it does."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def lane_pool(raw: Any) -> Any:
@@ -140,13 +159,17 @@ class Lane:
 
     def call(self, args: tuple[Any, ...] | list[Any]) -> Any:
         """Sends ``args`` on the lane and returns the reply; an error reply raises, as
-        from ``execute_command``. The caller holds :attr:`lock`."""
+        from ``execute_command``. The caller holds :attr:`lock`.
+
+        One attempt: a lost connection raises (:class:`NotSent` when the call never
+        left) and the client decides whether the call may be sent again; redis-py's
+        own retry would send a call that is not safe to repeat a second time."""
         conn = self._connection()
         self.busy = True
         try:
-            reply = conn.retry.call_with_retry(lambda: _send_read(conn, args), lambda _error: conn.disconnect())
-        except ResponseError:
-            self.busy = False  # the whole error reply was read
+            reply = _send_read(conn, args)
+        except (ResponseError, NotSent):
+            self.busy = False  # the whole error reply was read, or nothing was sent
             raise
         else:
             self.busy = False
@@ -168,7 +191,7 @@ class Lane:
         elif self.busy or _stale_primary(self.pool, conn):
             conn.disconnect()  # the last call never read its reply, or a failover
             self.busy = False
-        else:
+        elif conn._sock is not None:
             try:
                 if conn.can_read():
                     conn.disconnect()
@@ -200,10 +223,7 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     those layers do: the connection is dropped and a redis-py ``ConnectionError`` or
     ``TimeoutError`` raised, for its retries."""
     if conn._sock is None:
-        # the connection class's own connect(): a Sentinel-managed connection asks the
-        # sentinels for the primary there; send_command would reconnect to the address
-        # it had before (a dead primary's, after a failover)
-        conn.connect()
+        _connect(conn)
     sock, parser = conn._sock, conn._parser
     packed = None
     if (sock is not None and type(parser) is _HiredisParser and not conn.health_check_interval
@@ -211,7 +231,7 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         packed = _hiredis_packed(conn, args)
     if packed is None:
         conn.send_command(*args)
-        return conn.read_response()
+        return _read(conn)
     try:
         sock.sendall(packed)
         reply = parser.read_response()
@@ -225,11 +245,67 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         conn.disconnect()  # the reply, if any, was not read
         raise
     if isinstance(reply, ResponseError):
+        if isinstance(reply, ReadOnlyError):
+            conn.disconnect()  # a replica now: the next call connects anew (Sentinel: to the new primary)
         try:
             raise reply
         finally:
             del reply  # no reference cycle through the traceback
     return reply
+
+
+def _connect(conn: Any) -> None:
+    """Connects ``conn`` through its class's own ``connect()`` (a Sentinel-managed
+    connection asks the sentinels for the primary there; ``send_command`` would dial the
+    address it had before, a dead primary's after a failover). A failure raises
+    :class:`NotSent`; wrong credentials raise as they are."""
+    try:
+        conn.connect()
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+
+
+def read_reply(conn: Any) -> Any:
+    """``conn.read_response()``, but a Sentinel-managed connection's reply is read through
+    the plain connection class: Sentinel's turns a READONLY reply (its primary was
+    demoted) into a ConnectionError, which would hide that the call did not run. The
+    caller drops the connection after a READONLY reply, as Sentinel's would. For a
+    redis.asyncio connection it returns the coroutine to await."""
+    if isinstance(conn, _SentinelConnection):
+        return super(_SentinelConnection, conn).read_response()
+    if isinstance(conn, _AsyncSentinelConnection):
+        return super(_AsyncSentinelConnection, conn).read_response()
+    return conn.read_response()
+
+
+def _read(conn: Any) -> Any:
+    try:
+        return read_reply(conn)
+    except ReadOnlyError:
+        conn.disconnect()  # see read_reply
+        raise
+
+
+def pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """``args`` on a connection borrowed from ``pool`` for this one call, as a lane call
+    is made: one attempt, :class:`NotSent` when no connection could be had."""
+    try:
+        conn = pool.get_connection()
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+    try:
+        return _send_read(conn, args)
+    except (ResponseError, NotSent):
+        raise
+    except BaseException:
+        conn.disconnect()  # a reply may still be on its way: never reuse the connection
+        raise
+    finally:
+        pool.release(conn)
 
 
 def _hiredis_packed(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -239,6 +315,8 @@ def _hiredis_packed(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | Non
     encoder = conn.encoder
     if _hiredis_pack is None or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
         return None
+    if isinstance(args[0], str) and " " in args[0]:
+        return None  # "FUNCTION LOAD": redis-py's packer splits the name into its words
     try:
         packed: bytes = _hiredis_pack(args if type(args) is tuple else tuple(args))
         return packed
@@ -260,9 +338,8 @@ class AsyncLane:
         conn = await self._connection()
         self.busy = True
         try:
-            reply = await conn.retry.call_with_retry(lambda: _async_send_read(conn, args),
-                                                     lambda _error: conn.disconnect())
-        except ResponseError:
+            reply = await _async_send_read(conn, args)  # one attempt, as Lane.call
+        except (ResponseError, NotSent):
             self.busy = False
             raise
         else:
@@ -279,12 +356,11 @@ class AsyncLane:
         if conn is None:
             # a connection of the lane's own (see the module's docstring)
             conn = self.conn = self.pool.make_connection()
-            await conn.connect()
             self.busy = False
         elif self.busy or _stale_primary(self.pool, conn):
             await conn.disconnect()  # the last call never read its reply (cancelled), or a failover
             self.busy = False
-        else:
+        elif conn.is_connected:
             try:
                 if await conn.can_read():
                     await conn.disconnect()
@@ -307,10 +383,56 @@ def _stale_primary(pool: Any, conn: Any) -> bool:
 
 
 async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """As :func:`_send_read`, on a redis.asyncio connection."""
     if not conn.is_connected:
-        await conn.connect()  # as in _send_read: the class's own connect (Sentinel asks for the primary)
+        try:
+            await conn.connect()  # the class's own connect (Sentinel asks for the primary)
+        except AuthenticationError:
+            raise
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise NotSent(exc) from None
     await conn.send_packed_command(_pack(conn, args))
-    return await conn.read_response()
+    try:
+        return await read_reply(conn)
+    except ReadOnlyError:
+        await conn.disconnect()
+        raise
+
+
+async def async_pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """As :func:`pool_call`, on a redis.asyncio connection pool."""
+    try:
+        conn = await pool.get_connection()
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+    try:
+        return await _async_send_read(conn, args)
+    except (ResponseError, NotSent):
+        raise
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
+
+
+async def async_node_call(node: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """As :func:`pool_call`, on a connection of a redis.asyncio Redis Cluster node."""
+    try:
+        conn = node.acquire_connection()
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+    try:
+        return await _async_send_read(conn, args)
+    except (ResponseError, NotSent):
+        raise
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        node.release(conn)
 
 
 def _pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:

@@ -29,6 +29,7 @@ from felix_redis.errors import (
     InvalidArgument,
     NotFound,
     NotReplicated,
+    OutcomeUnknown,
     PermissionDenied,
     SequenceError,
     WrongKeyType,
@@ -172,23 +173,31 @@ def retry_delays(total_s: float) -> Generator[float, None, None]:
 
 class Retrying:
     """What a driver does after an op failed with ConnectionFailed: ``pause()`` says how
-    long to wait before trying again, or raises the error when the op is not safe to
-    repeat or the budget is spent. A failed block is not retried: after a short pause
-    the driver answers it as a wake-up, and the plan's next poll decides."""
+    long to wait before trying again, or raises the error when the budget is spent or the
+    op may not be sent again. An op is sent again when it is safe to repeat
+    (:func:`retry_safe`), or when the failure says it never ran (``exc.unsent``: no
+    connection could be made, or a failover, restart or moved slot refused it). Any other
+    failure of an op that is not safe to repeat raises :class:`OutcomeUnknown`. A failed
+    block is not retried: after a short pause the driver answers it as a wake-up, and the
+    plan's next poll decides."""
 
     BLOCK_PAUSE = 0.05
 
     def __init__(self, op: Op, total_s: float) -> None:
         self.op = op
         self.total_s = total_s
+        self.safe = retry_safe(op)
         self.delays: Generator[float, None, None] | None = None
 
     def pause(self, exc: ConnectionFailed) -> float:
         if type(self.op) is BlockAny:
             return self.BLOCK_PAUSE
+        if not (self.safe or exc.unsent):
+            raise OutcomeUnknown(
+                f"{exc}; the call was sent and may or may not have taken effect "
+                "(it is not safe to repeat, so it was not sent again)"
+            ) from None
         if self.delays is None:
-            if not retry_safe(self.op):
-                raise exc
             self.delays = retry_delays(self.total_s)
         pause = next(self.delays, None)
         if pause is None:

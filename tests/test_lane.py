@@ -463,14 +463,16 @@ def test_lane_failure_mid_call_drops_the_connection_and_the_retry_writes_once(
 
 def test_connection_classes_with_their_own_layers_keep_them(raw: redis.Redis, redis_url: str) -> None:
     """Only redis-py's own connection classes take the direct path: a class overriding
-    send or read (Sentinel's turns a demoted primary's READONLY error into a reconnect)
-    or a connection with another command packer keeps redis-py's path, overrides run."""
+    send or read, or a connection with another command packer, keeps redis-py's path,
+    overrides run. Sentinel's connection is one of redis-py's own: its one override (a
+    READONLY reply drops the connection) is made by the lane itself."""
     from redis.connection import Connection, SSLConnection
-    from redis.sentinel import SentinelManagedConnection
+    from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 
     assert lane_module._stock_connection(Connection())
     assert lane_module._stock_connection(SSLConnection())
-    assert not lane_module._stock_connection(SentinelManagedConnection(connection_pool=None))
+    assert lane_module._stock_connection(SentinelManagedConnection(connection_pool=None))
+    assert lane_module._stock_connection(SentinelManagedSSLConnection(connection_pool=None))
 
     class CustomPacker:
         def pack(self, *args: Any) -> list[bytes]:
