@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from felix_redis.constants import DEFAULT_URL, ENV_PASSWORD, ENV_URL, ENV_URL_FILE
+from felix_redis.constants import (
+    DEFAULT_URL,
+    ENV_PASSWORD,
+    ENV_URL,
+    ENV_URL_FILE,
+    SENTINEL_SOCKET_TIMEOUT_S,
+    SOCKET_CONNECT_TIMEOUT_S,
+    SOCKET_TIMEOUT_S,
+)
 from felix_redis.errors import ConnectionFailed, InvalidArgument, redact_url
 
 __all__ = ["ParsedUrl", "async_client", "env_password", "parse_url", "read_url_file", "resolve_url",
@@ -206,16 +214,45 @@ def _conn_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _defaults(kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
+    """``kwargs`` with felix-redis' own connection defaults where they give none: socket
+    timeouts (:data:`~felix_redis.constants.SOCKET_TIMEOUT_S`) and ``retry``, a redis-py
+    Retry that sends nothing again. The client decides what may be sent again
+    (:class:`felix_redis.protocol.Retrying`): redis-py's own retry would send a call that
+    is not safe to repeat a second time after its reply was lost."""
+    out = dict(kwargs)
+    out.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
+    out.setdefault("socket_connect_timeout", SOCKET_CONNECT_TIMEOUT_S)
+    if retry is not None:
+        out.setdefault("retry", retry)
+    return out
+
+
+def _no_retry(asyncio: bool) -> Any:
+    if asyncio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+        from redis.backoff import NoBackoff
+
+        return AsyncRetry(NoBackoff(), 0)
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Connection options for the sentinels themselves: the data servers' TLS options,
-    and ``sentinel_password`` / ``sentinel_username`` from the query (sentinels usually
-    have no password, or one of their own, so the data password is not sent to them)."""
+    ``sentinel_password`` / ``sentinel_username`` from the query (sentinels usually
+    have no password, or one of their own, so the data password is not sent to them),
+    and short timeouts: a sentinel that does not answer at once is skipped for the next."""
     out = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
     if "sentinel_password" in parsed.options:
         out["password"] = parsed.options["sentinel_password"]
     if "sentinel_username" in parsed.options:
         out["username"] = parsed.options["sentinel_username"]
-    return out or None
+    out.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT_S)
+    out.setdefault("socket_connect_timeout", SENTINEL_SOCKET_TIMEOUT_S)
+    return out
 
 
 def _env_credentials(parsed: ParsedUrl) -> dict[str, Any]:
@@ -247,7 +284,7 @@ def sync_client(url: str) -> Any:
     if "sentinel" in parsed.scheme:
         from redis.sentinel import Sentinel
 
-        kwargs = _conn_kwargs(parsed)
+        kwargs = _defaults(_conn_kwargs(parsed), _no_retry(False))
         sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
     if "cluster" in parsed.scheme:
@@ -256,12 +293,13 @@ def sync_client(url: str) -> Any:
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]  # type: ignore[no-untyped-call]
         try:
-            return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
+            # (redis-py gives the nodes' connections no retries of their own on a Cluster)
+            return RedisCluster(startup_nodes=nodes, **_defaults(_conn_kwargs(parsed), None))
         except (redis.RedisError, RedisClusterException, OSError) as exc:
             hosts = ",".join(f"{h}:{p}" for h, p in parsed.hosts)
             raise ConnectionFailed(
                 f"cannot reach Redis Cluster at {hosts}: {str(exc).splitlines()[0][:300]}") from None
-    return redis.Redis.from_url(url, **_env_credentials(parsed))
+    return redis.Redis.from_url(url, **_defaults(_env_credentials(parsed), _no_retry(False)))
 
 
 def async_client(url: str) -> Any:
@@ -276,12 +314,12 @@ def async_client(url: str) -> Any:
     if "sentinel" in parsed.scheme:
         from redis.asyncio.sentinel import Sentinel
 
-        kwargs = _conn_kwargs(parsed)
+        kwargs = _defaults(_conn_kwargs(parsed), _no_retry(True))
         sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parsed.service, db=parsed.db)
     if "cluster" in parsed.scheme:
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
-        return RedisCluster(startup_nodes=nodes, **_conn_kwargs(parsed))
-    return aioredis.Redis.from_url(url, **_env_credentials(parsed))
+        return RedisCluster(startup_nodes=nodes, **_defaults(_conn_kwargs(parsed), None))
+    return aioredis.Redis.from_url(url, **_defaults(_env_credentials(parsed), _no_retry(True)))

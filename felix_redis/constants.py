@@ -19,6 +19,16 @@ ENV_VISIBILITY_TIMEOUT_MS = "FELIX_GROUP_VISIBILITY_TIMEOUT_MS"
 ENV_MAX_ATTEMPTS = "FELIX_GROUP_MAX_ATTEMPTS"
 ENV_PRODUCER_IDLE_MS = "FELIX_PRODUCER_IDLE_MS"
 
+#: Socket timeouts of the connections ``felix_redis.connect`` makes, unless the URL's
+#: ``socket_timeout`` / ``socket_connect_timeout`` say otherwise: a server that stops
+#: answering (paused, cut off) fails a call after this long instead of hanging it, so
+#: the client can go on to a promoted replica. Longer than any call felix-redis makes
+#: (its blocking reads and WAITs stay below it).
+SOCKET_TIMEOUT_S = 10.0
+SOCKET_CONNECT_TIMEOUT_S = 2.0
+#: The same for the connections to Sentinel processes (each answers at once or is skipped).
+SENTINEL_SOCKET_TIMEOUT_S = 1.0
+
 DEFAULT_VISIBILITY_TIMEOUT_MS = 30_000
 DEFAULT_MAX_ATTEMPTS = 5
 #: Largest payload a stream accepts unless created with another ``max_payload``.
