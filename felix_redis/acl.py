@@ -310,8 +310,9 @@ def grant_everywhere(redis_client: Any, args: Sequence[str], *, timeout: float =
             return [NodeResult(host, port, "server", _reason(exc))]
         return [NodeResult(host, port, _role(raw))]
     cls, options = _node_options(pool)
-    options.setdefault("socket_timeout", timeout)
-    options.setdefault("socket_connect_timeout", timeout)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if options.get(name) is None:  # a node that does not answer must not hold up the rest
+            options[name] = timeout
     results = []
     for host, port, role in deployment_nodes(raw):
         try:
