@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import AskError, AuthenticationError, ReadOnlyError, ResponseError
+from redis.exceptions import AskError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -30,7 +30,16 @@ from felix_redis.client import (
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
 from felix_redis.keys import check_record_key
-from felix_redis.lane import AsyncLane, NotSent, async_node_call, async_pool_call, lane_pool, read_reply
+from felix_redis.lane import (
+    AsyncLane,
+    NotSent,
+    async_borrow,
+    async_ensure_connected,
+    async_node_call,
+    async_pool_call,
+    lane_pool,
+    read_reply,
+)
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
     Batch,
@@ -46,6 +55,7 @@ from felix_redis.protocol import (
     check_list,
     xread_calls,
 )
+from felix_redis.sentinel_watch import AsyncSentinelWatch, sentinel_pool
 
 __all__ = [
     "AsyncClient", "AsyncIdempotentProducer", "AsyncShardedGroup", "AsyncSubscription", "Client", "Item", "connect",
@@ -102,10 +112,14 @@ class AsyncClient(_AwaitsToItself):
         self._runner = scripts.Runner()
         self._pool = lane_pool(redis_client)  # as Client._pool
         self._lane = AsyncLane(self._pool) if self._pool is not None else None
+        spool = sentinel_pool(redis_client)  # as Client._watch, started by the first call
+        self._watch = AsyncSentinelWatch(spool) if spool is not None else None
 
     # -- driver
 
     async def _drive(self, plan: Plan[T]) -> T:
+        if self._watch is not None:
+            self._watch.start()
         try:
             op = next(plan)
             while True:
@@ -254,18 +268,15 @@ class AsyncClient(_AwaitsToItself):
         for _ in range(4):
             commands = [runner.command(op.script, op.keys, op.args), ("WAIT", op.replicas, timeout)]
             node = self.redis.get_node_from_key(op.keys[0]) if self._cluster else None
-            try:
-                if node is not None:
+            if node is not None:
+                try:
                     conn = node.acquire_connection()
-                else:
-                    conn = await self.redis.connection_pool.get_connection()
-                if not conn.is_connected:
-                    await conn.connect()
-            except AuthenticationError:
-                raise
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                raise NotSent(exc) from None
+                except (RedisConnectionError, RedisTimeoutError) as exc:  # none free (max_connections)
+                    raise NotSent(exc) from None
+            else:
+                conn = await async_borrow(self.redis.connection_pool)
             try:
+                await async_ensure_connected(conn)
                 await conn.send_packed_command(conn.pack_commands(commands))
                 result, acked = await _areply(conn), await _areply(conn)
                 if isinstance(result, ReadOnlyError):
@@ -338,6 +349,8 @@ class AsyncClient(_AwaitsToItself):
             raise translate(exc, op, self.url) from None
 
     async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
         if self._lane is not None:
             await self._lane.close()
         await self.redis.aclose()

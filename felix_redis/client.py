@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from felix_redis.errors import (
     redact_url,
 )
 from felix_redis.keys import check_record_key
-from felix_redis.lane import Lane, NotSent, lane_pool, pool_call, read_reply
+from felix_redis.lane import Lane, NotSent, borrow, ensure_connected, lane_pool, pool_call, read_reply
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
     TRANSIENT_ERRORS,
@@ -53,6 +54,7 @@ from felix_redis.protocol import (
     check_list,
     xread_calls,
 )
+from felix_redis.sentinel_watch import SentinelWatch, sentinel_pool
 
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
@@ -173,6 +175,11 @@ class Client:
         #: (:func:`felix_redis.lane.pool_call`); None: through execute_command
         self._pool = lane_pool(redis_client)
         self._lane = Lane(self._pool) if self._pool is not None else None
+        #: Sentinel: follows the announcements of a new primary (felix_redis.sentinel_watch)
+        spool = sentinel_pool(redis_client)
+        self._watch = SentinelWatch(spool) if spool is not None else None
+        if self._watch is not None:
+            weakref.finalize(self, self._watch.close)
 
     # -- driver
 
@@ -319,13 +326,9 @@ class Client:
         runner = self._runner
         for _ in range(4):
             pool = self._node(op.keys[0]).connection_pool if self._cluster else self.redis.connection_pool
+            conn = borrow(pool)
             try:
-                conn = pool.get_connection()
-            except AuthenticationError:
-                raise
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                raise NotSent(exc) from None
-            try:
+                ensure_connected(conn)
                 conn.send_packed_command(conn.pack_commands([
                     runner.command(op.script, op.keys, op.args),
                     ("WAIT", op.replicas, timeout),
@@ -409,6 +412,8 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         if self._lane is not None:
             self._lane.close()
         self.redis.close()

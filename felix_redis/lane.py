@@ -104,7 +104,8 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but optional 
     _hiredis_pack = None
 
 __all__ = [
-    "AsyncLane", "Lane", "NotSent", "async_node_call", "async_pool_call", "lane_pool", "pool_call", "read_reply",
+    "AsyncLane", "Lane", "NotSent", "async_borrow", "async_ensure_connected", "async_node_call", "async_pool_call",
+    "borrow", "ensure_connected", "lane_pool", "pool_call", "read_reply",
 ]
 
 
@@ -222,8 +223,7 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     loopback round trip here, ``bench/roundtrip.py``); failures are told and handled as
     those layers do: the connection is dropped and a redis-py ``ConnectionError`` or
     ``TimeoutError`` raised, for its retries."""
-    if conn._sock is None:
-        _connect(conn)
+    ensure_connected(conn)
     sock, parser = conn._sock, conn._parser
     packed = None
     if (sock is not None and type(parser) is _HiredisParser and not conn.health_check_interval
@@ -254,11 +254,13 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     return reply
 
 
-def _connect(conn: Any) -> None:
-    """Connects ``conn`` through its class's own ``connect()`` (a Sentinel-managed
-    connection asks the sentinels for the primary there; ``send_command`` would dial the
-    address it had before, a dead primary's after a failover). A failure raises
-    :class:`NotSent`; wrong credentials raise as they are."""
+def ensure_connected(conn: Any) -> None:
+    """Connects ``conn`` if it has no socket, through its class's own ``connect()`` (a
+    Sentinel-managed connection asks the sentinels for the primary there;
+    ``send_command`` would dial the address it had before, a dead primary's after a
+    failover). A failure raises :class:`NotSent`; wrong credentials raise as they are."""
+    if conn._sock is not None:
+        return
     try:
         conn.connect()
     except AuthenticationError:
@@ -291,12 +293,7 @@ def _read(conn: Any) -> Any:
 def pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     """``args`` on a connection borrowed from ``pool`` for this one call, as a lane call
     is made: one attempt, :class:`NotSent` when no connection could be had."""
-    try:
-        conn = pool.get_connection()
-    except AuthenticationError:
-        raise
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise NotSent(exc) from None
+    conn = borrow(pool)
     try:
         return _send_read(conn, args)
     except (ResponseError, NotSent):
@@ -306,6 +303,21 @@ def pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         raise
     finally:
         pool.release(conn)
+
+
+def borrow(pool: Any) -> Any:
+    """A connection of ``pool``, connected to the current primary: one left open to a
+    primary the sentinels have since replaced is dropped first (the pool hands out such
+    idle connections as they are). No connection to be had raises :class:`NotSent`."""
+    try:
+        conn = pool.get_connection()
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+    if _stale_primary(pool, conn):
+        conn.disconnect()  # _send_read connects it again, through the sentinels
+    return conn
 
 
 def _hiredis_packed(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -382,15 +394,21 @@ def _stale_primary(pool: Any, conn: Any) -> bool:
     return address is not None and conn.host is not None and (conn.host, conn.port) != tuple(address)
 
 
+async def async_ensure_connected(conn: Any) -> None:
+    """As :func:`ensure_connected`, for a redis.asyncio connection."""
+    if conn.is_connected:
+        return
+    try:
+        await conn.connect()  # the class's own connect (Sentinel asks for the primary)
+    except AuthenticationError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+
+
 async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     """As :func:`_send_read`, on a redis.asyncio connection."""
-    if not conn.is_connected:
-        try:
-            await conn.connect()  # the class's own connect (Sentinel asks for the primary)
-        except AuthenticationError:
-            raise
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise NotSent(exc) from None
+    await async_ensure_connected(conn)
     await conn.send_packed_command(_pack(conn, args))
     try:
         return await read_reply(conn)
@@ -399,14 +417,23 @@ async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         raise
 
 
-async def async_pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
-    """As :func:`pool_call`, on a redis.asyncio connection pool."""
+async def async_borrow(pool: Any) -> Any:
+    """As :func:`borrow`, from a redis.asyncio pool (whose ``release`` keeps a connection
+    to a replaced primary as it is)."""
     try:
         conn = await pool.get_connection()
     except AuthenticationError:
         raise
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise NotSent(exc) from None
+    if _stale_primary(pool, conn):
+        await conn.disconnect()
+    return conn
+
+
+async def async_pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """As :func:`pool_call`, on a redis.asyncio connection pool."""
+    conn = await async_borrow(pool)
     try:
         return await _async_send_read(conn, args)
     except (ResponseError, NotSent):
