@@ -251,7 +251,8 @@ class RestartDeployment(Deployment):
 def _replicas_online(port: int) -> int:
     with redis.Redis(port=port, socket_timeout=2) as conn:
         info = conn.info("replication")
-    return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+    return sum(1 for key, value in info.items()
+               if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online")
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
@@ -392,12 +393,12 @@ def _sync_cells(cells: Cells, c: felix_redis.Client, p: Prepared, ctx: dict[str,
     run("publish", lambda: c.publish(T, N, S, b"sync-after-1"), is_published)
     run("publish_keyed", lambda: c.publish_keyed(T, N, S, "order-1", b"sync-after-2"), is_published)
     run("publish_batch", lambda: c.publish_batch(T, N, S, [b"sync-after-3", b"sync-after-4"], shard=0),
-        lambda r: [is_published(x) for x in r] and None)
+        lambda r: _all(*[is_published(x) for x in r]))
     producer = ctx["producer"]
     first = run("producer.publish", lambda: producer.publish(T, N, S, b"sync-after-5", shard=1), is_published)
     run("producer.publish_keyed", lambda: producer.publish_keyed(T, N, S, "k", b"sync-after-6"), is_published)
     run("producer.publish_batch", lambda: producer.publish_batch(T, N, S, [b"sync-after-7"], shard=1),
-        lambda r: [is_published(x) for x in r] and None)
+        lambda r: _all(*[is_published(x) for x in r]))
     assert published[-1].offset > first.offset
     run("stream_describe", lambda: c.stream_describe(T, N, S), lambda r: _eq(r.shards, shards))
     run("stream_list", lambda: c.stream_list(T, N), lambda r: _has((T, N, S), r))
@@ -415,7 +416,7 @@ def _sync_cells(cells: Cells, c: felix_redis.Client, p: Prepared, ctx: dict[str,
     run("group_delete", lambda: c.group_delete(T, N, S, p.scratch_groups[0]))
     run("group_list (deleted)", lambda: c.group_list(T, N, S), lambda r: _eq(p.scratch_groups[0] in r, False))
     run("group_describe", lambda: c.group_describe(T, N, S, p.new_groups[0]),
-        lambda r: (_eq(r.max_attempts, 7), _eq(len(r.shards), shards)) and None)
+        lambda r: _all(_eq(r.max_attempts, 7), _eq(len(r.shards), shards)))
     run("group_poll", lambda: c.group_poll(T, N, S, 1, G, max_records=3),
         lambda r: _eq([x.shard for x in r], [1, 1, 1]))
     run("group_poll_as", lambda: c.group_poll_as(T, N, S, 1, G, "matrix-1", max_records=2),
@@ -458,7 +459,7 @@ async def _async_cells(cells: Cells, a: Any, p: Prepared, ctx: dict[str, Any]) -
               tolerate=(felix_redis.NotReplicated,))
     await run("publish_keyed", lambda: a.publish_keyed(T, N, S, "order-2", b"async-after-2"), is_published)
     await run("publish_batch", lambda: a.publish_batch(T, N, S, [b"async-after-3"], shard=1),
-              lambda r: [is_published(x) for x in r] and None)
+              lambda r: _all(*[is_published(x) for x in r]))
     producer = ctx["aproducer"]
     await run("producer.publish", lambda: producer.publish(T, N, S, b"async-after-4", shard=1), is_published)
     await run("producer.publish_keyed", lambda: producer.publish_keyed(T, N, S, "k2", b"async-after-5"),
@@ -473,7 +474,7 @@ async def _async_cells(cells: Cells, a: Any, p: Prepared, ctx: dict[str, Any]) -
     await run("group_configure", lambda: a.group_configure(T, N, S, p.new_groups[0], max_attempts=8))
     await run("group_delete", lambda: a.group_delete(T, N, S, p.scratch_groups[0]))
     await run("group_list", lambda: a.group_list(T, N, S),
-              lambda r: (_has(p.new_groups[0], r), _eq(p.scratch_groups[0] in r, False)) and None)
+              lambda r: _all(_has(p.new_groups[0], r), _eq(p.scratch_groups[0] in r, False)))
     await run("group_describe", lambda: a.group_describe(T, N, S, p.new_groups[0]),
               lambda r: _eq(r.max_attempts, 8))
     await run("group_poll", lambda: a.group_poll(T, N, S, 1, G, max_records=2), lambda r: _eq(len(r), 2))
@@ -549,6 +550,10 @@ def _cli_cells(cells: Cells, deployment: Deployment, p: Prepared) -> None:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def _all(*checks: None) -> None:
+    """Several checks in one lambda (each has raised already if it failed)."""
 
 
 def _eq(got: Any, want: Any) -> None:
