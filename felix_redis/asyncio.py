@@ -376,10 +376,11 @@ class AsyncClient(_AwaitsToItself):
         retention_max_age: int | None = None,
         max_payload: int | None = None,
         retention_mode: str = "safe",
+        force: bool = False,
     ) -> bool:
         return await self._drive(self.core.stream_create(
             tenant, namespace, stream, kind, shards, replication, consistency,
-            retention_max_len, retention_max_age, max_payload, retention_mode,
+            retention_max_len, retention_max_age, max_payload, retention_mode, force,
         ))
 
     async def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:

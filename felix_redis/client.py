@@ -439,11 +439,18 @@ class Client:
         retention_max_age: int | None = None,
         max_payload: int | None = None,
         retention_mode: str = "safe",
+        force: bool = False,
     ) -> bool:
-        """Creates a stream; True if created, False if it existed with the same settings."""
+        """Creates a stream; True if created, False if it existed with the same settings.
+
+        ``replication`` greater than the copies a shard's primary has now (itself and its
+        connected replicas) is refused (InvalidArgument) before anything is written, unless
+        ``force`` (then a warning). On a quorum/all stream the shards' writes WAIT like
+        every other write; a NotReplicated comes after every shard was written, and a
+        call that stopped part-way is completed by making the same call again."""
         return self._drive(self.core.stream_create(
             tenant, namespace, stream, kind, shards, replication, consistency,
-            retention_max_len, retention_max_age, max_payload, retention_mode,
+            retention_max_len, retention_max_age, max_payload, retention_mode, force,
         ))
 
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:

@@ -539,6 +539,7 @@ class Core:
         retention_max_age: int | None = None,
         max_payload: int | None = None,
         retention_mode: str = "safe",
+        force: bool = False,
     ) -> Plan[bool]:
         name = self.name(tenant, namespace, stream)
         if retention_mode not in C.RETENTION_MODES:
@@ -562,36 +563,77 @@ class Core:
             max_payload, "max_payload", 1, 512 * 1024 * 1024
         )
         needed = replicas_needed(replication, consistency)
-        if replication > 1:
-            # Replicas come and go (one may be down or not yet attached now): the stream is
-            # created all the same, and every write raises NotReplicated while too few
-            # confirm it. Said once here, where it is cheapest to notice. A backend that
-            # can never have a replica (memory://) refuses.
-            copies = yield from self.copies(name)
-            if copies is None:
-                raise InvalidArgument(
-                    f"replication={replication}: this backend keeps a single copy (no replicas); use replication=1")
-            if copies and copies - 1 < needed:
-                log.warning(
-                    "stream %s: consistency=%s waits for %d replica(s) on every write, but its primary has "
-                    "%d connected now: writes will raise NotReplicated until there are enough",
-                    name.path, consistency, needed, copies - 1,
-                )
         yield from self.check_registry()
         args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1,
                 retention_mode]
-        # Every shard validates first (check=1 writes nothing), so a refusal on any shard
-        # leaves no shard behind; then shard 0 last: while it is missing the stream does
-        # not exist for anyone.
-        for check in (1, 0):
-            created = 0
-            for shard in reversed(range(shards)):
-                args[2], args[9] = shard, check
-                created += yield Eval(
-                    "stream_create", name.shard_keys(shard), list(args), f"stream {name.path} shard {shard}")
+        # Every shard validates first (check=1 writes nothing; it answers 1 for a shard
+        # it would create), so a refusal on any shard leaves no shard behind.
+        new = []
+        for shard in reversed(range(shards)):
+            args[2] = shard
+            if (yield Eval("stream_create", name.shard_keys(shard), list(args), f"stream {name.path} shard {shard}")):
+                new.append(shard)
+        if replication > 1 and new:
+            yield from self.check_copies(name, sorted(new), replication, force)
+        # Then shard 0 last: while it is missing the stream does not exist for anyone,
+        # and running the same call again completes it.
+        args[9] = 0
+        replies = yield from self.each_shard(
+            Eval("stream_create", name.shard_keys(shard), [*args[:2], shard, *args[3:]],
+                 f"stream {name.path} shard {shard}", needed)
+            for shard in reversed(range(shards))
+        )
         yield Cmd("ZADD", registry_key(self.prefix), 0, name.path, key=registry_key(self.prefix))
         self.forget(name)
-        return created > 0
+        return any(replies)
+
+    def check_copies(self, name: StreamName, shards: list[int], replication: int, force: bool) -> Plan[None]:
+        """Refuses (InvalidArgument) a ``replication`` greater than the copies the primary
+        of each of ``shards`` has now (itself and its connected replicas), unless ``force``
+        (then a warning): every write on a quorum/all stream would raise NotReplicated, and
+        the setting would promise copies that do not exist. Nothing is written before.
+        A backend that can never have a replica (memory://) refuses even with ``force``."""
+        for shard in shards:
+            copies = yield from self.copies(name, shard)
+            if copies is None:
+                raise InvalidArgument(
+                    f"replication={replication}: this backend keeps a single copy (no replicas); use replication=1")
+            if copies == 0:
+                log.warning("stream %s: cannot read how many replicas shard %d's primary has (INFO replication "
+                            "refused); created with replication=%d unchecked", name.path, shard, replication)
+                return
+            if copies >= replication:
+                continue
+            what = (f"stream {name.path}: replication={replication} asks for {replication} copies of every shard, "
+                    f"but shard {shard}'s primary has {copies} now (itself and {copies - 1} connected replica(s))")
+            if not force:
+                raise InvalidArgument(
+                    f"{what}; add replicas first, or pass force=True (felixctl stream create --force) to create "
+                    "it anyway, e.g. while a replica is being rebuilt")
+            log.warning("%s; created anyway (force): writes on a quorum/all stream raise NotReplicated until "
+                        "enough replicas are back", what)
+            return
+
+    def each_shard(self, ops: Iterable[Eval]) -> Plan[list[Any]]:
+        """Runs an administrative write on every shard, one after the other (``ops``, in
+        order), and returns their replies. A NotReplicated (the write was applied on that
+        shard's primary but too few replicas confirmed it) does not stop the others: every
+        shard gets its write, then one NotReplicated names the shards not confirmed (their
+        replies are None). Any other error stops the run where it is; running the same
+        call again completes it (the scripts leave a shard that has it as it is)."""
+        replies: list[Any] = []
+        unconfirmed: list[str] = []
+        first: NotReplicated | None = None
+        for op in ops:
+            try:
+                replies.append((yield op))
+            except NotReplicated as exc:
+                first = first or exc
+                unconfirmed.append(op.context)
+                replies.append(None)
+        if first is not None:
+            raise NotReplicated(f"{first} (applied on every shard; not confirmed on: {', '.join(unconfirmed)})")
+        return replies
 
     def check_registry(self) -> Plan[None]:
         """WrongKeyType unless the stream registry is a sorted set (or missing)."""
@@ -600,12 +642,13 @@ class Core:
         if kind not in ("zset", "none"):
             raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a zset; another application wrote it")
 
-    def copies(self, name: StreamName) -> Plan[int | None]:
-        """How many copies of a shard's keys this deployment keeps now (primary + connected
-        replicas); 0 when it cannot tell (a user without ``+info``); None for a backend
-        that cannot have replicas (memory://, which has no INFO command)."""
+    def copies(self, name: StreamName, shard: int = 0) -> Plan[int | None]:
+        """How many copies of a shard's keys this deployment keeps now (the primary that
+        serves it and its connected replicas); 0 when it cannot tell (a user without
+        ``+info``); None for a backend that cannot have replicas (memory://, which has
+        no INFO command)."""
         try:
-            info = yield Cmd("INFO", "replication", key=name.shard_keys(0)[0])
+            info = yield Cmd("INFO", "replication", key=name.shard_keys(shard)[0])
         except PermissionDenied:
             return 0
         except FelixError as exc:
@@ -671,9 +714,18 @@ class Core:
 
     def stream_delete(self, tenant: str, namespace: str, stream: str) -> Plan[None]:
         name = self.name(tenant, namespace, stream)
-        settings = yield from self.settings(name)
+        try:
+            settings = yield from self.settings(name)
+        except NotFound:
+            # Gone already, maybe by a delete that stopped before it left the registry.
+            yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
+            self.forget(name)
+            raise
         yield from self.check_registry()
         existed = 0
+        unconfirmed: NotReplicated | None = None
+        # Shard 0 last: while it is there the stream exists, and a delete that stopped
+        # part-way is completed by running it again.
         for shard in reversed(range(settings.shards)):
             for attempt in range(10):
                 groups = [_text(g) for g in (yield Cmd(
@@ -685,14 +737,20 @@ class Core:
                 try:
                     existed = yield Eval(
                         "stream_delete", keys, [len(groups), *groups],
-                        f"stream {name.path} shard {shard}",
+                        f"stream {name.path} shard {shard}", settings.replicas,
                     )
+                    break
+                except NotReplicated as exc:  # deleted on the primary: on to the next shard
+                    unconfirmed = unconfirmed or exc
+                    existed = 1
                     break
                 except Conflict:
                     if attempt == 9:
                         raise
         yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
         self.forget(name)
+        if unconfirmed is not None:
+            raise unconfirmed
         if not existed:
             raise NotFound(f"stream {name.path} does not exist")
 
@@ -976,8 +1034,10 @@ class Core:
                 f"{context}: key {group_key} holds a {kind} where felix-redis keeps a hash; "
                 "another application wrote it")
         # Every shard validates first (check=1 writes nothing); then shard 0 last and
-        # strict: it decides whether the group exists.
-        for check in (1, 0):
+        # strict: it decides whether the group exists, so a group made on some shards
+        # only is not listed, and running the same call again completes it.
+
+        def ops(check: int) -> Iterable[Eval]:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_create",
@@ -985,6 +1045,8 @@ class Core:
                     [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check],
                     f"{context} shard {shard}", 0 if check else settings.replicas,
                 )
+        yield from ops(1)
+        yield from self.each_shard(ops(0))
 
     def group_configure(
         self,
@@ -1002,13 +1064,16 @@ class Core:
         attempts = "" if max_attempts is None else check_int(
             max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
-        for check in (1, 0):
+
+        def ops(check: int) -> Iterable[Eval]:
             for shard in range(settings.shards):
                 yield Eval(
                     "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
                     [vt, attempts, check], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
+        yield from ops(1)
+        yield from self.each_shard(ops(0))
 
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None
@@ -1031,17 +1096,24 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
-        for check in (1, 0):
-            existed = 0
-            for shard in range(settings.shards):
-                existed += yield Eval(
+
+        # Shard 0 last, as group_create makes it last: while it holds the group, the
+        # group is listed, a group_create of the name is refused (GroupExists) and a
+        # delete that stopped part-way is completed by running it again.
+        def ops(check: int) -> Iterable[Eval]:
+            for shard in reversed(range(settings.shards)):
+                yield Eval(
                     "group_delete",
                     [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
                     [group, check], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
-            if not existed:
-                raise NotFound(f"group {group} on stream {name.path} does not exist")
+        existed = 0
+        for op in ops(1):
+            existed += yield op
+        if not existed:
+            raise NotFound(f"group {group} on stream {name.path} does not exist")
+        yield from self.each_shard(ops(0))
 
     def group_target(
         self, tenant: Any, namespace: Any, stream: Any, shard: Any, group: Any
@@ -1386,10 +1458,18 @@ class Core:
         states = []
         vt = attempts = 0
         for shard in range(settings.shards):
-            r = yield Eval(
-                "group_describe", [*name.shard_keys(shard), *name.group_keys(shard, group)], [],
-                f"group {group} on stream {name.path} shard {shard}",
-            )
+            try:
+                r = yield Eval(
+                    "group_describe", [*name.shard_keys(shard), *name.group_keys(shard, group)], [],
+                    f"group {group} on stream {name.path} shard {shard}",
+                )
+            except NotFound:
+                if shard == 0:
+                    raise
+                # shard 0 has it, this one not: a group_delete that stopped part-way
+                raise NotFound(
+                    f"group {group} on stream {name.path} is incomplete: shard 0 has it, shard {shard} not "
+                    "(a group_delete stopped part-way); run group_delete again to finish it") from None
             position, tail, nxt = int(r[0]), int(r[1]), int(r[2])
             age = int(r[6])
             vt, attempts = int(r[8]), int(r[9])

@@ -30,8 +30,9 @@ def stream() -> None:
 @stream.command(
     "create",
     epilog=examples(
-        "felixctl stream create jobs --kind queue --shards 4 --replication 3 --consistency quorum",
+        "felixctl stream create jobs --kind queue --shards 4",
         "felixctl stream create audit --kind stream --retention-max-len 100000",
+        "felixctl stream create payments --replication 3 --consistency quorum   # a primary with 2+ replicas",
     ),
 )
 @stream_argument
@@ -51,17 +52,24 @@ def stream() -> None:
               "and groups count the records they lose.")
 @click.option("--max-payload", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Largest payload accepted (default 1 MiB).")
+@click.option("--force", is_flag=True,
+              help="Create it even if a shard's primary has fewer copies than --replication now "
+              "(e.g. a replica is being rebuilt); writes on a quorum/all stream fail until enough are back.")
 @pass_ctl
 def create(
     ctl: Ctl, stream: str, kind: str, shards: int, replication: int, consistency: str,
     retention_max_len: int | None, retention_max_age: int | None, retention_mode: str, max_payload: int | None,
+    force: bool,
 ) -> None:
-    """Create STREAM (a no-op if it exists with the same settings)."""
+    """Create STREAM (a no-op if it exists with the same settings).
+
+    --replication N is refused when a shard's primary has fewer than N copies now
+    (itself and its connected replicas), unless --force."""
     with warnings_on_stderr():
         created = ctl.client.stream_create(
             *ctl.where(stream), kind=kind, shards=shards, replication=replication, consistency=consistency,
             retention_max_len=retention_max_len, retention_max_age=retention_max_age, max_payload=max_payload,
-            retention_mode=retention_mode,
+            retention_mode=retention_mode, force=force,
         )
     state = "created" if created else "exists already with the same settings"
     click.echo(f"stream {ctl.path(stream)} {state} ({kind}, {shards} shard{'s' if shards != 1 else ''})")

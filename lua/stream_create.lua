@@ -13,13 +13,15 @@
 -- ARGV[8] max_payload  integer 1..536870912, bytes
 -- ARGV[9] name         'tenant/namespace/stream', for display
 -- ARGV[10] check       '1': validate only and write nothing (the caller checks every
---                      shard before it writes any); '0': create
+--                      shard before it writes any, and learns which it would create);
+--                      '0': create
 -- ARGV[11] mode        retention mode: 'safe' (a queue never trims what a group has not
 --                      finished) or 'bounded' (limits win; groups count what they lose)
 --
 -- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
--- Returns: 1 when created, 0 when it existed with the same settings (or check=1).
+-- Returns: 1 when created (check=1: when it would be created), 0 when it existed with the
+-- same settings.
 -- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
 -- settings; names the first that differs), FELIX_WRONGTYPE.
 --- @include "acl"
@@ -56,7 +58,7 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   fail('WRONGTYPE', 'key ' .. KEYS[2] .. ' exists without stream settings; another application wrote it')
 end
-if ARGV[10] == '1' then return 0 end
+if ARGV[10] == '1' then return 1 end
 local created = fmt(now_ms())
 redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0', 'created', created, unpack(settings))
 return 1

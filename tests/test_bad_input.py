@@ -462,17 +462,23 @@ def test_bad_stream_settings(client: felix_redis.Client, unchanged: Callable[[],
             refused(InvalidArgument, lambda f=field, v=value: client.stream_create(T, N, S, **{f: v}), field)
 
 
-def test_replication_beyond_the_deployment_is_not_bad_input(
+def test_replication_beyond_the_deployment_is_refused_unless_forced(
     redis_client: felix_redis.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A lone redis-server holds one copy. replication=2 is a setting, not bad input:
-    under leader nothing waits for the replica (no warning); under quorum the stream is
-    created with a warning and its writes raise NotReplicated until a replica is there."""
+    """A lone redis-server holds one copy. replication=2 is refused, whatever the
+    consistency, naming both numbers, before anything is written; force=True makes the
+    stream with a warning, and then a quorum stream's writes (its creation included)
+    raise NotReplicated until a replica is there."""
+    for consistency in ("leader", "quorum"):
+        with pytest.raises(InvalidArgument, match=r"replication=2 asks for 2 copies .* has 1 now"):
+            redis_client.stream_create(T, N, S, replication=2, consistency=consistency)
+    with pytest.raises(felix_redis.NotFound):
+        redis_client.stream_describe(T, N, S)
     with caplog.at_level(logging.WARNING, logger="felix_redis"):
-        assert redis_client.stream_create(T, N, S, replication=2)
-        assert not caplog.records
-        assert redis_client.stream_create(T, N, "q", replication=2, consistency="quorum")
-    assert "waits for 1 replica(s)" in caplog.text
+        assert redis_client.stream_create(T, N, S, replication=2, force=True)
+        with pytest.raises(felix_redis.NotReplicated):
+            redis_client.stream_create(T, N, "q", replication=2, consistency="quorum", force=True)
+    assert caplog.text.count("created anyway (force)") == 2
     assert redis_client.publish(T, N, S, b"x").offset == 0
     with pytest.raises(felix_redis.NotReplicated):
         redis_client.publish(T, N, "q", b"x")
@@ -866,14 +872,18 @@ def test_unreachable_cluster_is_a_connection_failure() -> None:
 # --- 7. replication=2 on memory://
 def test_replication_on_memory(backend: tuple[str, Any], client: felix_redis.Client,
                                unchanged: Callable[[], Any]) -> None:
-    """memory:// can never have a replica: replication=2 is refused, nothing written. A
-    real server only lacks one now: the stream is made (see the test above)."""
+    """memory:// can never have a replica: replication=2 is refused, nothing written, even
+    with force. A real server only lacks one now: refused too, unless forced (see the test
+    above)."""
     if backend[0].startswith("memory://"):
         with unchanged():
-            refused(InvalidArgument, lambda: client.stream_create(T, N, S, replication=2), "replication=2",
-                    "single copy")
+            refused(InvalidArgument, lambda: client.stream_create(T, N, S, replication=2, force=True),
+                    "replication=2", "single copy")
     else:
-        assert client.stream_create(T, N, S, replication=2)
+        with unchanged():
+            refused(InvalidArgument, lambda: client.stream_create(T, N, S, replication=2), "replication=2",
+                    "has 1 now")
+        assert client.stream_create(T, N, S, replication=2, force=True)
 
 
 def test_stream_create_with_wrong_type_registry(client: felix_redis.Client, store: Any,

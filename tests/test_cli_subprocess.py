@@ -132,15 +132,26 @@ def test_console_script_is_installed(redis_url: str) -> None:
 
 def test_contract_create_example_on_a_server_without_replicas(raw: redis.Redis, redis_url: str) -> None:
     """The contract's 'stream create ... --replication 3 --consistency quorum' on a
-    standalone server: created, with one warning line; its writes then fail with the
-    distinct not-replicated error (one line, exit 1), applied on the primary."""
-    result = felixctl(redis_url, "stream", "create", "jobs", "--kind", "queue", "--shards", "4",
-                      "--replication", "3", "--consistency", "quorum")
-    assert ok(result).startswith("stream default/default/jobs created")
+    standalone server (one copy): refused in one error line naming both numbers, nothing
+    written. With --force: created with one warning line, and since its own writes WAIT
+    like every write of a quorum stream, the command then fails with the distinct
+    not-replicated error; so does every publish, applied on the primary."""
+    args = ("stream", "create", "jobs", "--kind", "queue", "--shards", "4", "--replication", "3",
+            "--consistency", "quorum")
+    result = felixctl(redis_url, *args)
+    assert result.returncode == 1 and result.stdout == b""
     (line,) = result.stderr.decode().splitlines()
-    assert line.startswith("felixctl: warning: ") and "NotReplicated" in line
+    assert line.startswith("felixctl: error: ") and "replication=3 asks for 3 copies" in line and "has 1 now" in line
+    assert not raw.keys("felix:{default/default/jobs/*")
+    result = felixctl(redis_url, *args, "--force")
+    assert result.returncode == 1
+    warning, error = result.stderr.decode().splitlines()
+    assert warning.startswith("felixctl: warning: ") and "created anyway" in warning
+    assert error.startswith("felixctl: error: ") and "applied on every shard" in error
     result = felixctl(redis_url, "pub", "jobs", '{"order":42,"task":"send-receipt"}', "--shard", "0")
     assert result.returncode == 1
     (line,) = result.stderr.decode().splitlines()
     assert line.startswith("felixctl: error: ") and "failover" in line
     assert raw.xlen("felix:{default/default/jobs/0}:log") == 1
+
+

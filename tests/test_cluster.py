@@ -113,10 +113,16 @@ def test_keyed_publishes_route_by_key_and_land_on_the_shards_nodes(
     assert all(t > 0 for t in tails)
 
 
-def test_replication_3_quorum_works_with_one_replica_per_primary(client: felix_redis.Client) -> None:
-    """quorum of 3 copies waits for one replica, which every primary has."""
-    assert client.stream_create(T, N, "three", shards=SHARDS, replication=3, consistency="quorum")
-    assert {client.publish(T, N, "three", b"x", shard=s).offset for s in range(SHARDS)} == {0}
+def test_replication_is_checked_against_every_shards_primary(client: felix_redis.Client) -> None:
+    """Every primary has one replica: 2 copies. replication=2 with quorum is made and
+    confirmed on every shard; replication=3 is refused, naming a shard and both numbers,
+    nothing written."""
+    assert client.stream_create(T, N, "two", shards=SHARDS, replication=2, consistency="quorum")
+    assert {client.publish(T, N, "two", b"x", shard=s).offset for s in range(SHARDS)} == {0}
+    with pytest.raises(felix_redis.InvalidArgument, match=r"replication=3 .* shard \d+'s primary has 2 now"):
+        client.stream_create(T, N, "three", shards=SHARDS, replication=3, consistency="quorum")
+    with pytest.raises(felix_redis.NotFound):
+        client.stream_describe(T, N, "three")
 
 
 def test_quorum_write_waits_on_the_node_that_took_it(client: felix_redis.Client, cluster: ClusterTopology) -> None:
@@ -273,13 +279,13 @@ def test_felixctl_on_a_cluster_url(client: felix_redis.Client, cluster: ClusterT
     polled = felixctl("group", "poll", stream, "workers", "--max", "6")
     assert polled.returncode == 0, polled.stderr
     assert len(polled.stdout.splitlines()) == SHARDS
-    # quorum of 3 copies waits for one replica, which every primary has: made, no warning
-    big = felixctl("stream", "create", "big", "--shards", "2", "--replication", "3", "--consistency", "quorum")
+    # 2 copies, which every primary has: made, no warning
+    big = felixctl("stream", "create", "big", "--shards", "2", "--replication", "2", "--consistency", "quorum")
     assert big.returncode == 0 and big.stderr == "", big.stderr
-    # all of 3 waits for two: made too, with the warning
-    big_all = felixctl("stream", "create", "big-all", "--shards", "2", "--replication", "3", "--consistency", "all")
-    assert big_all.returncode == 0
-    assert big_all.stderr.startswith("felixctl: warning:") and "waits for 2 replica(s)" in big_all.stderr
+    # 3 copies: refused, one error line
+    big3 = felixctl("stream", "create", "big3", "--shards", "2", "--replication", "3", "--consistency", "all")
+    assert big3.returncode == 1
+    assert big3.stderr.startswith("felixctl: error:") and "has 2 now" in big3.stderr
 
 
 def test_prune_libraries_on_every_primary(client: felix_redis.Client) -> None:

@@ -93,26 +93,69 @@ def _stream(client: felix_redis.Client, **settings: object) -> str:
     return name
 
 
-def test_create_asks_only_what_the_consistency_waits_for(
+def test_create_refuses_more_copies_than_the_primary_has_unless_forced(
     client: felix_redis.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """replication=3 with one replica: quorum waits for 1 replica, which is there: created
-    quietly, and its writes are confirmed. all waits for 2: created too (replicas come and
-    go), with a warning, and its writes raise NotReplicated, applied on the primary."""
+    """replication=2 with one replica: created quietly, its writes confirmed.
+    replication=3 with one replica (2 copies): refused before anything is written, the
+    error naming both numbers; force=True creates it with a warning, and an ``all``
+    stream's writes then raise NotReplicated, applied on the primary."""
     with caplog.at_level(logging.WARNING, logger="felix_redis"):
-        assert client.stream_create(T, N, "three-quorum", replication=3, consistency="quorum")
+        assert client.stream_create(T, N, "two-quorum", replication=2, consistency="quorum")
     assert not caplog.records
-    client.group_create(T, N, "three-quorum", "workers")
-    assert client.publish(T, N, "three-quorum", b"confirmed").offset == 0
+    client.group_create(T, N, "two-quorum", "workers")
+    assert client.publish(T, N, "two-quorum", b"confirmed").offset == 0
 
-    with caplog.at_level(logging.WARNING, logger="felix_redis"):
-        assert client.stream_create(T, N, "three-all", replication=3, consistency="all")
+    for consistency in ("leader", "quorum", "all"):
+        with pytest.raises(felix_redis.InvalidArgument, match=r"replication=3 asks for 3 copies.*has 2 now"):
+            client.stream_create(T, N, f"three-{consistency}", shards=3, replication=3, consistency=consistency)
+        with pytest.raises(felix_redis.NotFound):
+            client.stream_describe(T, N, f"three-{consistency}")
+        assert (T, N, f"three-{consistency}") not in client.stream_list(T, N)
+
+    # the creation itself WAITs for 2 replicas, like every write of an 'all' stream
+    with caplog.at_level(logging.WARNING, logger="felix_redis"), \
+            pytest.raises(felix_redis.NotReplicated, match="applied on every shard"):
+        client.stream_create(T, N, "three-all", replication=3, consistency="all", force=True)
     (warning,) = caplog.records
-    assert "waits for 2 replica(s)" in warning.getMessage() and "has 1 connected" in warning.getMessage()
+    assert "has 2 now" in warning.getMessage() and "created anyway" in warning.getMessage()
     assert client.stream_describe(T, N, "three-all").replication == 3
     with pytest.raises(felix_redis.NotReplicated):
         client.publish(T, N, "three-all", b"unconfirmed")
     assert [r.payload for r in client.read(T, N, "three-all", 0, 0)] == [b"unconfirmed"]
+    # the same call again: the stream exists with these settings, nothing to refuse (and
+    # nothing to write: its WAIT still finds too few replicas)
+    with pytest.raises(felix_redis.NotReplicated):
+        client.stream_create(T, N, "three-all", replication=3, consistency="all")
+
+
+def test_admin_writes_on_a_forced_stream_reach_every_shard_and_can_be_completed(
+    client: felix_redis.Client,
+) -> None:
+    """On a stream whose writes cannot be confirmed (forced, all copies asked for), a
+    multi-shard administrative call still writes every shard, then raises NotReplicated:
+    the group is whole (listed, described), and group_delete removes it from every
+    shard; stream_delete removes the stream."""
+    with pytest.raises(felix_redis.NotReplicated, match="applied on every shard"):
+        client.stream_create(T, N, "forced", shards=4, replication=3, consistency="all", force=True)
+    assert client.stream_describe(T, N, "forced").shards == 4
+    with pytest.raises(felix_redis.NotReplicated, match="not confirmed on: group g on stream acme/prod/forced shard 3"):
+        client.group_create(T, N, "forced", "g")
+    assert client.group_list(T, N, "forced") == ["g"]
+    assert len(client.group_describe(T, N, "forced", "g").shards) == 4
+    with pytest.raises(felix_redis.NotReplicated):
+        client.group_configure(T, N, "forced", "g", max_attempts=9)
+    assert client.group_describe(T, N, "forced", "g").max_attempts == 9
+    with pytest.raises(felix_redis.NotReplicated):
+        client.group_delete(T, N, "forced", "g")
+    assert client.group_list(T, N, "forced") == []
+    with pytest.raises(felix_redis.NotFound):
+        client.group_delete(T, N, "forced", "g")
+    with pytest.raises(felix_redis.NotReplicated):
+        client.stream_delete(T, N, "forced")
+    with pytest.raises(felix_redis.NotFound):
+        client.stream_describe(T, N, "forced")
+    assert (T, N, "forced") not in client.stream_list(T, N)
 
 
 @pytest.mark.parametrize("consistency", ["quorum", "all"])
@@ -143,7 +186,7 @@ def test_leader_writes_do_not_wait(client: felix_redis.Client, pair: Pair) -> No
         assert time.monotonic() - started < 1
 
 
-def test_a_replica_that_is_gone_fails_fast_and_new_replicated_streams_warn(
+def test_a_replica_that_is_gone_fails_fast_and_new_replicated_streams_are_refused(
     client: felix_redis.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A primary of its own with a replica we stop for good.
@@ -156,9 +199,11 @@ def test_a_replica_that_is_gone_fails_fast_and_new_replicated_streams_warn(
         p.replica.stop()
         with pytest.raises(felix_redis.NotReplicated, match="0 of 1"):
             c.publish(T, N, stream, b"alone")
-        with caplog.at_level(logging.WARNING, logger="felix_redis"):
-            assert c.stream_create(T, N, "another", replication=2, consistency="quorum")
-        assert "has 0 connected now" in caplog.text
+        with pytest.raises(felix_redis.InvalidArgument, match=r"replication=2 .* has 1 now \(itself and 0 connected"):
+            c.stream_create(T, N, "another", replication=2, consistency="quorum")
+        with caplog.at_level(logging.WARNING, logger="felix_redis"), pytest.raises(felix_redis.NotReplicated):
+            c.stream_create(T, N, "another", replication=2, consistency="quorum", force=True)
+        assert "itself and 0 connected replica(s)" in caplog.text
         with pytest.raises(felix_redis.NotReplicated, match="0 of 1"):
             c.publish(T, N, "another", b"alone too")
         c.close()
