@@ -185,3 +185,96 @@ def test_cli_stream_trim(backend: tuple[str, object], client: felix_redis.Client
     assert "15 records trimmed" in result.output
     result = runner.invoke(felixctl, [*args, "stream", "describe", "q"])
     assert "bounded" not in result.output and "(safe)" in result.output
+
+
+# ------------------------------------- retention against records that are unfinished again
+
+#: What makes a record unfinished (again) while everything around it is finished: the
+#: record is offset 5 of 30, and every other record is acked.
+CAUSES = ["nack", "lapse", "reclaim", "redrive below the position", "redrive above the position"]
+#: The attempts of the record's next delivery, by cause.
+NEXT_ATTEMPTS = {"nack": 2, "lapse": 2, "reclaim": 2, "redrive below the position": 1,
+                 "redrive above the position": 1}
+
+
+def unfinish_offset_5(client: felix_redis.Client, stream: str, cause: str) -> None:
+    """30 records r0..r29; all but r5 finished; r5 unfinished because of ``cause``."""
+    client.group_create(T, N, stream, "g", visibility_timeout_ms=60_000)
+    publish(client, stream, 30)
+    poll = lambda n: client.group_poll(T, N, stream, 0, "g", max_records=n)  # noqa: E731
+    ack = lambda records: client.group_ack_many(T, N, stream, 0, "g", records)  # noqa: E731
+    if cause in ("lapse", "reclaim"):
+        ack(poll(5))
+        if cause == "lapse":
+            (r5,) = poll(1)
+        else:
+            (r5,) = client.group_poll_as(T, N, stream, 0, "g", consumer="w1", max_records=1)
+        ack(poll(24))
+        assert r5.offset == 5
+        if cause == "lapse":
+            # the lease runs out 0.2 s from now, once everything else is finished (the
+            # next poll notices)
+            client.group_extend(T, N, stream, 0, "g", r5, by=0.2)
+            time.sleep(0.3)
+    elif cause == "nack":
+        records = poll(30)
+        client.group_nack(T, N, stream, 0, "g", records[5])
+        ack(records[:5] + records[6:])
+    elif cause == "redrive below the position":
+        records = poll(30)
+        client.group_dead_letter(T, N, stream, 0, "g", records[5], reason="poison")
+        ack(records[:5] + records[6:])
+        assert client.group_describe(T, N, stream, "g").shards[0].position == 30
+        assert client.group_redrive(T, N, stream, 0, "g", [5]) == 1
+    elif cause == "redrive above the position":
+        (r0,) = poll(1)
+        records = poll(29)
+        client.group_dead_letter(T, N, stream, 0, "g", records[4], reason="poison")
+        ack(records[:4] + records[5:])
+        assert client.group_redrive(T, N, stream, 0, "g", [5]) == 1  # above the position 0
+        ack([r0])
+    else:
+        raise AssertionError(cause)
+    assert client.group_describe(T, N, stream, "g").shards[0].position == 5
+
+
+def check_offset_5_survives(client: felix_redis.Client, stream: str, cause: str) -> None:
+    """Retention trimmed up to offset 5 and no further; r5 is delivered next, then the rest."""
+    client.stream_trim(T, N, stream)
+    assert firsts(client, stream) == [5], f"{cause}: the cut must stop at the unfinished offset 5"
+    if cause == "reclaim":
+        got = client.group_poll_as(T, N, stream, 0, "g", consumer="w1", reclaim=True, max_records=1)
+    else:
+        got = client.group_poll(T, N, stream, 0, "g", max_records=1)
+    assert [(r.offset, r.attempts, r.payload) for r in got] == [(5, NEXT_ATTEMPTS[cause], b"r5")], cause
+    client.group_ack(T, N, stream, 0, "g", got[0])
+    rest = client.group_poll(T, N, stream, 0, "g", max_records=100)
+    assert [r.offset for r in rest] == list(range(30, client.stream_describe(T, N, stream).tails[0])), cause
+    client.group_ack_many(T, N, stream, 0, "g", rest)
+    shard = client.group_describe(T, N, stream, "g").shards[0]
+    assert (shard.trimmed, shard.lag, shard.owed, shard.in_flight) == (0, 0, 0, 0), cause
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_a_record_unfinished_again_survives_the_length_limit(client: felix_redis.Client, cause: str) -> None:
+    """Trimming by length, by publishing past the limit and by stream_trim, stops at a
+    record a nack, a lapse, a reclaim or a redrive (below or above the position) made
+    unfinished again; the record is delivered."""
+    client.stream_create(T, N, "q", retention_max_len=10)
+    unfinish_offset_5(client, "q", cause)
+    publish(client, "q", 20)  # past the limit and its slack: publishing trims
+    assert firsts(client, "q") == [5], f"{cause}: publishing trimmed past the unfinished offset 5"
+    check_offset_5_survives(client, "q", cause)
+
+
+def test_records_unfinished_again_survive_the_age_limit(client: felix_redis.Client) -> None:
+    """As above with an age limit: every record is older than the limit when trimmed."""
+    streams = {cause: f"age-{i}" for i, cause in enumerate(CAUSES)}
+    for cause, stream in streams.items():
+        client.stream_create(T, N, stream, retention_max_age=1)
+        unfinish_offset_5(client, stream, cause)
+    time.sleep(1.1)  # every record is past the age limit
+    for cause, stream in streams.items():
+        publish(client, stream, 5)  # publishing trims by age
+        assert firsts(client, stream) == [5], f"{cause}: publishing trimmed past the unfinished offset 5"
+        check_offset_5_survives(client, stream, cause)
