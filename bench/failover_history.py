@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-arg", action="append", default=[],
                         help="redis-server option for every data server (repeatable), e.g. "
                              "--server-arg=--min-replicas-to-write --server-arg=1")
+    parser.add_argument("--keep-logs", type=Path, help="copy every trial's server and sentinel logs under this "
+                                                        "directory (one subdirectory per trial)")
     parser.add_argument("--json", type=Path, help="write every trial's numbers here")
     parser.add_argument("--verbose", action="store_true", help="print the slow and failed calls around each fault")
     args = parser.parse_args(argv)
@@ -72,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             cell = cells.setdefault((consistency, fault), Cell())
             for i in range(args.trials):
                 seed = args.seed + i
+                logs = str(args.keep_logs / f"{consistency}-{fault}-{seed}") if args.keep_logs else None
                 result = run_trial(consistency, fault, seed=seed, url_query=args.url_query,
-                                   server_args=args.server_arg)
+                                   server_args=args.server_arg, keep_logs=logs)
                 cell.add(result)
                 print(result.line(), flush=True)
                 for note in result.notes:

@@ -848,6 +848,7 @@ def run_trial(
     hold: float = 0.5,
     url_query: str = "",
     server_args: Sequence[str] = (),
+    keep_logs: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> TrialResult:
     """One trial: a Sentinel topology (primary, 2 replicas, 3 sentinels), a stream of
@@ -860,7 +861,9 @@ def run_trial(
     ``fault``: ``kill`` (SIGKILL the primary; it is not restarted) or ``pause`` (SIGSTOP
     the primary until the sentinels promoted a replica, ``hold`` seconds more, SIGCONT).
     ``url_query`` is appended to the clients' URL (``?socket_timeout=5``), ``server_args``
-    to every data server's command line (``--min-replicas-to-write 1``)."""
+    to every data server's command line (``--min-replicas-to-write 1``). With
+    ``keep_logs`` (a directory), every server's and sentinel's log is copied there
+    before the topology is stopped."""
     from felix_redis.testing.topology import SentinelTopology
 
     if fault not in ("kill", "pause"):
@@ -961,7 +964,19 @@ def run_trial(
             _signal(stopped_pid, signal.SIGCONT)
         if recorder is not None:
             recorder.stop(timeout=10)
+        if keep_logs is not None:
+            _copy_logs(topology, keep_logs)
         topology.stop()
+
+
+def _copy_logs(topology: Any, directory: str) -> None:
+    import shutil
+
+    os.makedirs(directory, exist_ok=True)
+    for server in [*topology.servers, *topology.sentinels]:
+        role = "sentinel" if server in topology.sentinels else "redis"
+        with contextlib.suppress(OSError):
+            shutil.copy(server.logfile, os.path.join(directory, f"{role}-{server.port}.log"))
 
 
 # ------------------------------------------------------------------------------- summary
