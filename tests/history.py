@@ -748,6 +748,7 @@ class IsolationObserver:
         self.payloads: dict[bytes, tuple[int, int]] = {}  # payload -> (shard, offset) on the old primary
         self.demoted_at: float | None = None
         self.repl_offsets: list[int] = []  # master_repl_offset while it was a primary
+        self.first_read_at: float | None = None  # the first complete read of its logs
         self.errors: list[str] = []
 
     def watch(self, timeout: float) -> None:
@@ -774,6 +775,8 @@ class IsolationObserver:
                                 last[shard] = entries[-1][0].decode()
                             if len(entries) < 1000:
                                 break
+                    if self.first_read_at is None:
+                        self.first_read_at = time.monotonic()
                 except redis.RedisError as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                 time.sleep(0.05)
@@ -797,6 +800,9 @@ class TrialResult:
     isolated_records: int  # pause: records the old primary held while isolated that the final read lacks
     isolated_acknowledged: list[str]  # ... of those, publishes the client was told were ok
     isolated_outcomes: Counter[str]  # ... outcomes of those publishes
+    missing_unseen: int  # pause: acknowledged publishes missing from the final log the observer never saw there
+    observer_errors: list[str]
+    observer_first_read: float | None  # s from the fault to the observer's first complete read of the old primary
     errors: Counter[str]
     leaked: list[str]
     stuck: list[str]
@@ -828,7 +834,9 @@ class TrialResult:
                 + (f", SIGCONT after {self.resumed_after:.2f}s" if self.resumed_after is not None else "")
                 + (f", demoted after {self.demoted_after:.2f}s" if self.demoted_after is not None else "")
                 + (f"; old primary took {self.isolated_records} records while isolated, "
-                   f"{len(self.isolated_acknowledged)} acknowledged (outcomes {dict(self.isolated_outcomes)})"
+                   f"{len(self.isolated_acknowledged)} acknowledged (outcomes {dict(self.isolated_outcomes)}), "
+                   f"{self.missing_unseen} missing acknowledged publishes not seen on it (first read after "
+                   f"{self.observer_first_read}s, errors {self.observer_errors[:3]})"
                    if self.fault == "pause" else "")
                 + f"; errors {dict(self.errors)}; leaked {len(self.leaked)}; stuck {self.stuck}; ops {self.ops}; "
                   f"{self.duration:.1f}s")
@@ -942,10 +950,13 @@ def run_trial(
                        max_attempts=max_attempts, rollback_windows=windows)
 
         isolated: list[bytes] = []
-        if observer is not None:
-            final_payloads = {p for rows in final.records.values() for _, p in rows}
-            isolated = [p for p in observer.payloads if p not in final_payloads]
         ops = {op.payload: op for op in recorder.history.snapshot() if op.kind == "publish"}
+        final_payloads = {p for rows in final.records.values() for _, p in rows}
+        unseen = 0
+        if observer is not None:
+            isolated = [p for p in observer.payloads if p not in final_payloads]
+            unseen = sum(1 for p, op in ops.items() if op.outcome == "ok" and p not in final_payloads
+                         and p not in observer.payloads)
         outcomes = Counter((ops[p].outcome + " " + (ops[p].error or "").split(":", 1)[0]).strip()
                            if p in ops else "not published by the recorder" for p in isolated)
         acknowledged = [f"{p!r} ok at {ops[p].shard}:{ops[p].offset}" for p in isolated
@@ -956,6 +967,9 @@ def run_trial(
             resumed_after=None if resumed_at is None else resumed_at - fault_at,
             demoted_after=None if observer is None or observer.demoted_at is None else observer.demoted_at - fault_at,
             isolated_records=len(isolated), isolated_acknowledged=acknowledged, isolated_outcomes=outcomes,
+            missing_unseen=unseen, observer_errors=observer.errors if observer else [],
+            observer_first_read=None if observer is None or observer.first_read_at is None
+            else round(observer.first_read_at - fault_at, 2),
             errors=recorder.errors(), leaked=list(recorder.leaked), stuck=stuck, ops=len(recorder.history),
             duration=time.monotonic() - started, fault_at=fault_at, history=recorder.history, notes=notes,
         )
