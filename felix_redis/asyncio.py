@@ -26,6 +26,7 @@ from felix_redis.client import (
     max_block_ms,
     not_replicated,
     translate,
+    with_nodes,
 )
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
@@ -384,7 +385,8 @@ class AsyncClient(_AwaitsToItself):
         ))
 
     async def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
-        return await self._drive(self.core.stream_describe(tenant, namespace, stream))
+        info = await self._drive(self.core.stream_describe(tenant, namespace, stream))
+        return with_nodes(info, self.redis) if self._cluster else info
 
     async def stream_list(
         self, tenant: str | None = None, namespace: str | None = None

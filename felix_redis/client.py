@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import inspect
 import time
 import weakref
@@ -102,6 +103,16 @@ def not_replicated(op: Eval, acked: int, timeout_ms: int) -> NotReplicated:
         f"{op.replicas} required replica(s) confirmed it within {timeout_ms} ms; "
         "it may not survive a failover"
     )
+
+
+def with_nodes(info: StreamInfo, raw: Any) -> StreamInfo:
+    """``info`` with the node serving each shard now (Redis Cluster ``raw``), by the
+    client's slot map."""
+    nodes = []
+    for tag in info.tags:
+        node = raw.get_node_from_key("{" + tag + "}")
+        nodes.append(f"{node.host}:{node.port}")
+    return dataclasses.replace(info, nodes=nodes)
 
 
 def max_block_ms(raw: Any) -> int:
@@ -454,7 +465,8 @@ class Client:
         ))
 
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
-        return self._drive(self.core.stream_describe(tenant, namespace, stream))
+        info = self._drive(self.core.stream_describe(tenant, namespace, stream))
+        return with_nodes(info, self.redis) if self._cluster else info
 
     def stream_list(
         self, tenant: str | None = None, namespace: str | None = None

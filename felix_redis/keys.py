@@ -7,9 +7,11 @@ contain ``/``, ``:``, braces, ``|`` or spaces, so no two names map to the same k
 
 from __future__ import annotations
 
+import binascii
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from felix_redis.constants import KEY_MAX_BYTES, NAME_MAX_LEN, NAME_PATTERN
 from felix_redis.errors import InvalidArgument
@@ -75,14 +77,53 @@ def shard_for_key(key: bytes, shards: int) -> int:
     return zlib.crc32(key) % shards
 
 
+#: Redis Cluster's hash slots.
+CLUSTER_SLOTS = 16384
+#: How near its target slot a spread shard's tag lands: within this many slots after it.
+#: Narrow enough that shards spaced 16384 / N apart keep their order against any
+#: Cluster's slot ranges (but for a stream whose targets fall this close to a range's
+#: edge); wide enough that a tag is found in about 16384 / 64 = 256 tries.
+SPREAD_WINDOW = 64
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster slot of a hash tag (CRC16/XMODEM of its bytes, mod 16384)."""
+    return binascii.crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS
+
+
+@lru_cache(maxsize=65536)
+def spread_tag(path: str, shard: int, shards: int) -> str:
+    """The hash tag of shard ``shard`` of a stream of ``shards`` shards whose tags are
+    spread over the slots (docs/keys.md). Shard 0's is ``PATH/0``; its slot A anchors the
+    stream. Shard i's is ``PATH/i~K``, with the smallest K >= 0 that puts it within
+    :data:`SPREAD_WINDOW` slots after A + i * 16384 / shards. So the shards lie evenly
+    around the ring of slots, each stream turned by its own A, and a Cluster's primaries,
+    each holding a contiguous range of slots, hold shards in proportion to their share
+    of the slots. About 256 tries per shard, once per process."""
+    if shard == 0 or shards <= 1:
+        return f"{path}/{shard}"
+    anchor = key_slot(f"{path}/0")
+    target = (anchor + shard * CLUSTER_SLOTS // shards) % CLUSTER_SLOTS
+    salt = 0
+    while (key_slot(f"{path}/{shard}~{salt}") - target) % CLUSTER_SLOTS >= SPREAD_WINDOW:
+        salt += 1
+    return f"{path}/{shard}~{salt}"
+
+
 @dataclass(frozen=True, slots=True)
 class StreamName:
-    """A stream's full name; builds the keys of its shards and groups."""
+    """A stream's full name; builds the keys of its shards and groups.
+
+    ``spread``: the shard count the shards' hash tags are spread for (:func:`spread_tag`),
+    as the stream's shard 0 records it; 0 for the plain tags ``PATH/SHARD`` (a stream of
+    one shard, or one made before tags were spread). Shard 0's keys are the same either
+    way, so they can be built before the stream's settings are known."""
 
     prefix: str
     tenant: str
     namespace: str
     stream: str
+    spread: int = 0
     #: ``tenant/namespace/stream``, made once
     path: str = field(init=False, repr=False, compare=False)
 
@@ -98,8 +139,18 @@ class StreamName:
             check_name(stream, "stream"),
         )
 
+    def laid_out(self, spread: int) -> StreamName:
+        """This name with its shards' tags spread for ``spread`` shards (0: plain)."""
+        return self if spread == self.spread else replace(self, spread=spread)
+
+    def tag(self, shard: int) -> str:
+        """The hash tag of one shard's keys."""
+        if self.spread > 1 and shard:
+            return spread_tag(self.path, shard, self.spread)
+        return f"{self.path}/{shard}"
+
     def base(self, shard: int) -> str:
-        return f"{self.prefix}:{{{self.path}/{shard}}}"
+        return f"{self.prefix}:{{{self.tag(shard)}}}"
 
     def shard_keys(self, shard: int) -> list[str]:
         """``[meta, log]`` of one shard."""

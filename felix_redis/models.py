@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from felix_redis.errors import InvalidArgument
+from felix_redis.keys import key_slot
 
 __all__ = [
     "Claim",
@@ -208,7 +209,18 @@ class StreamInfo:
     tails: list[int] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)
     retention_mode: str = "safe"
+    #: each shard's hash tag (docs/keys.md) and its Redis Cluster slot
+    tags: list[str] = field(default_factory=list)
+    #: on Redis Cluster, the node (host:port) serving each shard now, by the client's
+    #: slot map; None elsewhere
+    nodes: list[str] | None = None
 
     @property
     def created_at(self) -> datetime:
         return ms_to_datetime(self.created_ms)
+
+    @property
+    def slots(self) -> list[int]:
+        """Each shard's Redis Cluster hash slot (computed from its tag; meaningful on a
+        Cluster, where it decides the node)."""
+        return [key_slot(tag) for tag in self.tags]

@@ -314,6 +314,8 @@ class StreamSettings:
     max_payload: int = C.DEFAULT_MAX_PAYLOAD
     max_len: int = 0
     max_age: int = 0
+    #: the shard count its shards' hash tags are spread for (StreamName.spread); 0: plain
+    spread: int = 0
     loaded_at: float = field(default_factory=time.monotonic)
 
 
@@ -468,10 +470,12 @@ class Core:
         # an exact int are looked up here (no bool, float or subclass is ever equal to a
         # cached entry); anything else takes the checked path.
         self._names: dict[tuple[str, str, str], StreamName] = {}
+        #: (path, spread) -> the name laid out for it (Core.laid)
+        self._laid: dict[tuple[str, int], StreamName] = {}
         #: (tenant, namespace, stream, shard, group) -> (name, path, keys, context)
         self._groups: dict[tuple[str, str, str, int, str], tuple[StreamName, str, list[str], str]] = {}
-        #: (path, shard) -> (meta key, log key, context), for publishing
-        self._shards: dict[tuple[str, int], tuple[str, str, str]] = {}
+        #: (path, shard, spread) -> (meta key, log key, context), for publishing
+        self._shards: dict[tuple[str, int, int], tuple[str, str, str]] = {}
         self._last_trim: dict[tuple[str, int], float] = {}
         self.producers = ProducerPool()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -487,6 +491,23 @@ class Core:
                 _remember(self._names, where, name)
             return name
         return StreamName.of(self.prefix, tenant, namespace, stream)
+
+    def laid(self, name: StreamName, settings: StreamSettings | int) -> StreamName:
+        """``name`` with its shards' tags as the stream's settings (or a spread) say
+        (StreamName.spread). The name cache learns it: :meth:`name` then gives names laid
+        out as the stream was last seen."""
+        spread = settings if isinstance(settings, int) else settings.spread
+        if name.spread == spread:
+            return name
+        where = (name.path, spread)
+        laid = self._laid.get(where)
+        if laid is None or laid.prefix != name.prefix:
+            laid = name.laid_out(spread)
+            _remember(self._laid, where, laid)
+        key = (name.tenant, name.namespace, name.stream)
+        if self._names.get(key) is name:
+            self._names[key] = laid
+        return laid
 
     def forget(self, name: StreamName) -> None:
         self._settings.pop(name.path, None)
@@ -510,7 +531,7 @@ class Core:
         consistency = _text(meta["consistency"])
         settings = StreamSettings(
             int(meta["shards"]), replication, consistency, replicas_needed(replication, consistency),
-            int(meta["max_payload"]), int(meta["max_len"]), int(meta["max_age"]),
+            int(meta["max_payload"]), int(meta["max_len"]), int(meta["max_age"]), int(meta.get("spread", 0)),
         )
         self._settings[name.path] = settings
         return settings
@@ -564,8 +585,16 @@ class Core:
         )
         needed = replicas_needed(replication, consistency)
         yield from self.check_registry()
+        # The shards' hash tags: spread over the slots for a new stream of several
+        # shards; as shard 0 records them for one that exists (plain before spreading).
+        try:
+            first = yield Eval("stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}")
+            spread = int(_pairs(first[0]).get("spread", 0))
+        except NotFound:
+            spread = shards if shards > 1 else 0
+        name = self.laid(name, spread)
         args = [kind, shards, 0, replication, consistency, max_len, max_age, payload_limit, name.path, 1,
-                retention_mode]
+                retention_mode, spread]
         # Every shard validates first (check=1 writes nothing; it answers 1 for a shard
         # it would create), so a refusal on any shard leaves no shard behind.
         new = []
@@ -670,6 +699,7 @@ class Core:
         )
         meta = _pairs(first[0])
         shards = int(meta["shards"])
+        name = self.laid(name, int(meta.get("spread", 0)))
         replies = [first]
         for shard in range(1, shards):
             replies.append((yield Eval(
@@ -693,6 +723,7 @@ class Core:
             groups=sorted(_text(g) for g in first[1]),
             tails=tails,
             firsts=firsts,
+            tags=[name.tag(shard) for shard in range(shards)],
         )
 
     def stream_list(self, tenant: str | None = None, namespace: str | None = None) -> Plan[list[tuple[str, str, str]]]:
@@ -721,6 +752,7 @@ class Core:
             yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
             self.forget(name)
             raise
+        name = self.laid(name, settings)
         yield from self.check_registry()
         existed = 0
         unconfirmed: NotReplicated | None = None
@@ -796,7 +828,7 @@ class Core:
 
     def shard_target(self, name: StreamName, shard: int) -> tuple[str, str, str]:
         """The meta and log keys of a checked shard, and the context errors name."""
-        where = (name.path, shard)
+        where = (name.path, shard, name.spread)
         hit = self._shards.get(where) if type(shard) is int else None
         if hit is None:
             meta, log = name.shard_keys(shard)
@@ -828,6 +860,7 @@ class Core:
         if len(payloads) > C.MAX_BATCH:
             raise InvalidArgument(f"a batch holds at most {C.MAX_BATCH} payloads, got {len(payloads)}")
         settings = self.fresh_settings(name.path) or (yield from self.settings(name))
+        name = self.laid(name, settings)
         for i, payload in enumerate(payloads):
             if len(payload) > settings.max_payload:
                 raise InvalidArgument(
@@ -929,7 +962,7 @@ class Core:
                 next(self._round_robin) % settings.shards)
         elif type(shard) is not int or not 0 <= shard < settings.shards:
             return None
-        meta, log, context = self.shard_target(name, shard)
+        meta, log, context = self.shard_target(self.laid(name, settings), shard)
         slot = (path, shard)
         op = Eval(
             "publish", [meta, log],
@@ -975,6 +1008,7 @@ class Core:
         """Applies retention to every shard now; returns the records trimmed."""
         name = self.name(tenant, namespace, stream)
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         total = 0
         for shard in range(settings.shards):
             total += yield from self.trim_shard(name, shard)
@@ -1024,6 +1058,7 @@ class Core:
             attempts_what = f"max_attempts (${C.ENV_MAX_ATTEMPTS})"
         attempts = check_int(max_attempts, attempts_what, 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         context = f"group {group} on stream {name.path}"
         group_key = name.group_keys(0, group)[0]
         kind = _text((yield Cmd("TYPE", group_key, key=group_key)))
@@ -1064,6 +1099,7 @@ class Core:
         attempts = "" if max_attempts is None else check_int(
             max_attempts, "max_attempts", 1, C.MAX_ATTEMPTS_LIMIT)
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
 
         def ops(check: int) -> Iterable[Eval]:
             for shard in range(settings.shards):
@@ -1081,6 +1117,7 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         shards = range(settings.shards) if shard is None else [self.shard_of(name, settings, shard)]
         roles = ("meta", "log", "groups", *GROUP_ROLES)
         return {
@@ -1096,6 +1133,7 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
 
         # Shard 0 last, as group_create makes it last: while it holds the group, the
         # group is listed, a group_create of the name is refused (GroupExists) and a
@@ -1128,7 +1166,7 @@ class Core:
             return None
         name, path, keys, context = hit
         settings = self.fresh_settings(path)
-        if settings is None or shard >= settings.shards:
+        if settings is None or shard >= settings.shards or name.spread != settings.spread:
             return None
         return name, settings, shard, keys, context
 
@@ -1141,6 +1179,7 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         checked = self.shard_of(name, settings, shard)
         keys, context = self.group_shard_keys(name, checked, group)
         return name, settings, checked, keys, context
@@ -1152,7 +1191,7 @@ class Core:
         where = (name.tenant, name.namespace, name.stream, shard, group)
         plain = _plain(*where)
         hit = self._groups.get(where) if plain else None
-        if hit is None:
+        if hit is None or hit[0].spread != name.spread:
             keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
             hit = (name, name.path, keys, f"group {group} on stream {name.path} shard {shard}")
             if plain:
@@ -1228,6 +1267,7 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         chosen = list(range(settings.shards)) if only is None else [
             self.shard_of(name, settings, s) for s in dict.fromkeys(only)]
         if not chosen:
@@ -1455,6 +1495,7 @@ class Core:
         name = self.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         states = []
         vt = attempts = 0
         for shard in range(settings.shards):
@@ -1488,6 +1529,7 @@ class Core:
         """Records from ``start`` on; returns (records, tail, first offset kept)."""
         name = self.name(tenant, namespace, stream)
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         shard = self.shard_of(name, settings, shard)
         start = check_int(start, "start offset", 0, 2**52)
         count = check_int(count, "count", 1, C.MAX_RECORDS_PER_POLL)
@@ -1503,6 +1545,7 @@ class Core:
         """Where a subscriber starts on each shard: {shard: next offset to read}."""
         name = self.name(tenant, namespace, stream)
         settings = yield from self.settings(name)
+        name = self.laid(name, settings)
         chosen = list(range(settings.shards)) if shards is None else [
             self.shard_of(name, settings, s) for s in shards]
         if not chosen:
@@ -1534,6 +1577,7 @@ class Core:
         """The next records after ``cursors`` (advanced in place), in offset order per
         shard; blocks up to ``block_ms`` for new ones when there are none."""
         name = self.name(tenant, namespace, stream)
+        name = self.laid(name, (yield from self.settings(name)))
         deadline = time.monotonic() + block_ms / 1000
         while True:
             out: list[Record] = []

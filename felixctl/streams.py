@@ -84,8 +84,10 @@ def stream_json(info: StreamInfo) -> dict[str, Any]:
         "created_at": info.created_at.isoformat(timespec="seconds"),
         "groups": info.groups,
         "shard_states": [
-            {"shard": s, "first": first, "tail": tail, "records": tail - first}
-            for s, (first, tail) in enumerate(zip(info.firsts, info.tails, strict=True))
+            {"shard": s, "first": first, "tail": tail, "records": tail - first, "tag": tag, "slot": slot,
+             **({"node": info.nodes[s]} if info.nodes is not None else {})}
+            for s, (first, tail, tag, slot) in enumerate(zip(info.firsts, info.tails, info.tags, info.slots,
+                                                             strict=True))
         ],
     }
 
@@ -95,7 +97,8 @@ def stream_json(info: StreamInfo) -> dict[str, Any]:
 @output_option()
 @pass_ctl
 def describe(ctl: Ctl, stream: str, output: str) -> None:
-    """Show STREAM's settings, groups and, per shard, the first and next offset."""
+    """Show STREAM's settings, groups and, per shard, the first and next offset (on a
+    Redis Cluster also its hash slot and the node serving it)."""
     info = ctl.client.stream_describe(*ctl.where(stream))
     if output == "json":
         emit_json(stream_json(info))
@@ -119,8 +122,14 @@ def describe(ctl: Ctl, stream: str, output: str) -> None:
     for k, v in facts:
         click.echo(f"{k.ljust(width)}  {v}")
     click.echo()
-    rows = [(s, first, tail, tail - first) for s, (first, tail) in enumerate(zip(info.firsts, info.tails, strict=True))]
-    click.echo(table(["SHARD", "FIRST", "TAIL", "RECORDS"], rows, right=range(4)))
+    rows: list[tuple[Any, ...]] = [
+        (s, first, tail, tail - first) for s, (first, tail) in enumerate(zip(info.firsts, info.tails, strict=True))]
+    if info.nodes is None:
+        click.echo(table(["SHARD", "FIRST", "TAIL", "RECORDS"], rows, right=range(4)))
+        return
+    # Redis Cluster: where each shard lives now
+    rows = [(*row, slot, node) for row, slot, node in zip(rows, info.slots, info.nodes, strict=True)]
+    click.echo(table(["SHARD", "FIRST", "TAIL", "RECORDS", "SLOT", "NODE"], rows, right=range(5)))
 
 
 @stream.command("list", epilog=examples("felixctl stream list", "felixctl stream list --all -o json"))

@@ -17,6 +17,9 @@
 --                      '0': create
 -- ARGV[11] mode        retention mode: 'safe' (a queue never trims what a group has not
 --                      finished) or 'bounded' (limits win; groups count what they lose)
+-- ARGV[12] spread      integer 0..1024: the shard count the shards' hash tags are spread
+--                      for (docs/keys.md), 0 for plain tags; a shard made before this
+--                      setting existed holds none, which counts as 0
 --
 -- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
@@ -39,15 +42,17 @@ int_arg(ARGV[7], 'retention_max_age', 0, 2 ^ 52)
 int_arg(ARGV[8], 'max_payload', 1, 536870912)
 local mode = ARGV[11]
 if mode ~= 'safe' and mode ~= 'bounded' then fail('INVALID', "retention mode must be 'safe' or 'bounded'") end
+local spread = int_arg(ARGV[12], 'spread', 0, 1024)
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 
 local settings = {'kind', kind, 'shards', ARGV[2], 'shard', ARGV[3], 'replication', ARGV[4],
   'consistency', consistency, 'max_len', ARGV[6], 'max_age', ARGV[7], 'max_payload', ARGV[8],
-  'name', ARGV[9], 'mode', mode}
+  'name', ARGV[9], 'mode', mode, 'spread', ARGV[12]}
 if redis.call('EXISTS', KEYS[1]) == 1 then
   for i = 1, #settings, 2 do
     local have = redis.call('HGET', KEYS[1], settings[i])
+    if have == false and settings[i] == 'spread' then have = '0' end
     if have ~= settings[i + 1] then
       fail('STREAM_EXISTS', 'stream exists with ' .. settings[i] .. '=' .. tostring(have)
         .. ', not ' .. settings[i + 1])
@@ -58,6 +63,7 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   fail('WRONGTYPE', 'key ' .. KEYS[2] .. ' exists without stream settings; another application wrote it')
 end
+if spread ~= 0 and spread ~= shards then fail('INVALID', 'spread must be 0 or the shard count') end
 if ARGV[10] == '1' then return 1 end
 local created = fmt(now_ms())
 redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0', 'created', created, unpack(settings))

@@ -14,7 +14,7 @@ expect_type(KEYS[3], 'set')
 -- the settings and offsets by name: the hash also holds a field per idempotent producer
 -- (lua/publish.lua), any number of them, which this reply leaves out
 local FIELDS = {'kind', 'shards', 'shard', 'replication', 'consistency', 'max_len', 'max_age', 'max_payload',
-  'name', 'mode', 'tail', 'first', 'created'}
+  'name', 'mode', 'spread', 'tail', 'first', 'created'}
 local got = redis.call('HMGET', KEYS[1], unpack(FIELDS))
 local meta = {}
 for i, f in ipairs(FIELDS) do

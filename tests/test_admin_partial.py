@@ -66,9 +66,16 @@ def c(redis_url: str, raw: redis.Redis) -> Iterator[felix_redis.Client]:
     client.close()
 
 
-def group_shards(raw: redis.Redis, group: str) -> list[int]:
+def group_shards(c: felix_redis.Client, raw: redis.Redis, group: str) -> list[int]:
     """The shards whose group hash exists."""
-    return [shard for shard in range(SHARDS) if raw.exists(f"felix:{{{T}/{N}/{S}/{shard}}}:g:{group}")]
+    name = c.core.name(T, N, S)  # laid out as the stream's shard 0 says (spread tags)
+    return [shard for shard in range(SHARDS) if raw.exists(name.group_keys(shard, group)[0])]
+
+
+def meta_shards(c: felix_redis.Client, raw: redis.Redis, stream: str) -> list[int]:
+    """The shards whose meta hash exists."""
+    name = c.core.name(T, N, stream)
+    return [shard for shard in range(SHARDS) if raw.exists(name.shard_keys(shard)[0])]
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])
@@ -78,13 +85,13 @@ def test_a_group_create_cut_short_is_not_listed_and_completes_when_run_again(
     lose_reply("group_create", SHARDS + nth)  # the check pass makes SHARDS calls first
     with pytest.raises(felix_redis.OutcomeUnknown, match="may or may not have taken effect"):
         c.group_create(T, N, S, "half")
-    made = group_shards(raw, "half")
+    made = group_shards(c, raw, "half")
     assert made == list(range(SHARDS - nth, SHARDS))  # the last shards first, shard 0 last
     assert "half" not in c.group_list(T, N, S)
     with pytest.raises(felix_redis.NotFound):
         c.group_describe(T, N, S, "half")
     c.group_create(T, N, S, "half")
-    assert group_shards(raw, "half") == list(range(SHARDS))
+    assert group_shards(c, raw, "half") == list(range(SHARDS))
     assert "half" in c.group_list(T, N, S)
     assert len(c.group_describe(T, N, S, "half").shards) == SHARDS
     with pytest.raises(felix_redis.GroupExists):
@@ -101,14 +108,14 @@ def test_a_group_delete_cut_short_stays_listed_says_incomplete_and_completes_whe
     lose_reply("group_delete", SHARDS + nth)
     with pytest.raises(felix_redis.OutcomeUnknown):
         c.group_delete(T, N, S, G)
-    assert group_shards(raw, G) == list(range(SHARDS - nth))
+    assert group_shards(c, raw, G) == list(range(SHARDS - nth))
     assert G in c.group_list(T, N, S)
     with pytest.raises(felix_redis.NotFound, match=r"incomplete.*run group_delete again"):
         c.group_describe(T, N, S, G)
     with pytest.raises(felix_redis.GroupExists):  # not made again over what is left
         c.group_create(T, N, S, G)
     c.group_delete(T, N, S, G)
-    assert group_shards(raw, G) == []
+    assert group_shards(c, raw, G) == []
     assert not raw.keys(f"felix:{{{T}/{N}/{S}/*}}:g:{G}*")
     assert G not in c.group_list(T, N, S)
 
@@ -121,7 +128,7 @@ def test_a_stream_delete_cut_short_completes_when_run_again(
     with pytest.raises(felix_redis.OutcomeUnknown):
         c.stream_delete(T, N, S)
     # shards 3 and 2 are gone; shard 0, deleted last, still holds the settings
-    assert [s for s in range(SHARDS) if raw.exists(f"felix:{{{T}/{N}/{S}/{s}}}:meta")] == [0, 1]
+    assert meta_shards(c, raw, S) == [0, 1]
     assert (T, N, S) in c.stream_list(T, N)
     c.stream_delete(T, N, S)
     assert not raw.keys(f"felix:{{{T}/{N}/{S}/*")
@@ -135,8 +142,9 @@ def test_a_stream_delete_that_left_the_registry_behind_is_finished_by_the_next(
 ) -> None:
     """Every shard deleted, the registry entry not (the call stopped just before): the
     stream is listed but gone; deleting it again says NotFound and unlists it."""
+    name = c.core.name(T, N, S)
     for shard in range(SHARDS):
-        raw.delete(f"felix:{{{T}/{N}/{S}/{shard}}}:meta", f"felix:{{{T}/{N}/{S}/{shard}}}:log")
+        raw.delete(*name.shard_keys(shard))
     assert (T, N, S) in c.stream_list(T, N)
     with pytest.raises(felix_redis.NotFound):
         c.stream_delete(T, N, S)
@@ -151,11 +159,12 @@ def test_safe_admin_calls_are_sent_again_and_complete_in_the_same_call(
     seen = lose_reply(script, SHARDS + 2)
     if script == "stream_create":
         assert c.stream_create(T, N, "fresh", shards=SHARDS) is True
-        assert all(raw.exists(f"felix:{{{T}/{N}/fresh/{s}}}:meta") for s in range(SHARDS))
+        assert meta_shards(c, raw, "fresh") == list(range(SHARDS))
     else:
         c.group_configure(T, N, S, G, max_attempts=9)
         assert c.group_describe(T, N, S, G).max_attempts == 9
-        assert {int(raw.hget(f"felix:{{{T}/{N}/{S}/{s}}}:g:{G}", "max") or 0) for s in range(SHARDS)} == {9}
+        name = c.core.name(T, N, S)
+        assert {int(raw.hget(name.group_keys(s, G)[0], "max") or 0) for s in range(SHARDS)} == {9}
     assert len(seen) > SHARDS + 2  # the lost call was sent again
 
 

@@ -303,7 +303,8 @@ def test_quick_publish_sends_what_the_plan_sends(client: felix_redis.Client) -> 
         op, slot = quick
         want = plan_eval(client, T, N, S, b"x", shard, key, producer)
         assert (op.keys, op.args, op.context, op.replicas) == (want.keys, want.args, want.context, want.replicas)
-        assert slot == (f"{T}/{N}/{S}", int(op.keys[0].split("/")[-1].split("}")[0]))
+        # the shard named by the key's hash tag (PATH/SHARD, or PATH/SHARD~SALT when spread)
+        assert slot == (f"{T}/{N}/{S}", int(op.keys[0].split("/")[-1].split("}")[0].split("~")[0]))
         assert op.args[2] == producer.sequences.get(slot, 0) + 1
     big = b"x" * (1024 * 1024 + 1)
     for args in [

@@ -127,7 +127,7 @@ def ready(stream: Client) -> Client:
 
 NEW_GROUP = [*SHARD, *NAME.group_keys(0, "g2"), NAME.groups_key(0)]
 NEW_STREAM = StreamName.of("felix", T, N, "fresh").shard_keys(0)
-OK_CREATE = ["queue", "2", "0", "1", "leader", "0", "0", "100", "acme/prod/fresh", "0", "safe"]
+OK_CREATE = ["queue", "2", "0", "1", "leader", "0", "0", "100", "acme/prod/fresh", "0", "safe", "2"]
 
 BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("group_poll", GROUP, ["0", "", "0"]),
@@ -173,7 +173,10 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("stream_create", NEW_STREAM, [*OK_CREATE[:4], "most", *OK_CREATE[5:]]),
     ("stream_create", NEW_STREAM, [*OK_CREATE[:5], "-1", *OK_CREATE[6:]]),
     ("stream_create", NEW_STREAM, [*OK_CREATE[:7], "0", *OK_CREATE[8:]]),
-    ("stream_create", NEW_STREAM, [*OK_CREATE[:10], "sometimes"]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:10], "sometimes", "2"]),
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:11], "3"]),  # spread for another shard count
+    ("stream_create", NEW_STREAM, [*OK_CREATE[:11], "-1"]),
+    ("stream_create", NEW_STREAM, OK_CREATE[:11]),  # no spread
     ("stream_delete", [*SHARD, NAME.groups_key(0)], ["x"]),
     ("stream_delete", [*SHARD, NAME.groups_key(0)], ["1", G]),  # keys of the group missing
 ]

@@ -34,7 +34,7 @@ from model import NOT_DUE, ShardModel, State
 
 import felix_redis
 from felix_redis import NotFound, StaleClaim
-from felix_redis.keys import GROUP_ROLES
+from felix_redis.keys import GROUP_ROLES, StreamName
 from felix_redis.models import Record
 from tests.conftest import finished_runs
 
@@ -71,7 +71,6 @@ class GroupMachine(RuleBasedStateMachine):
         self.client = felix_redis.connect(url)
         self.raw = self.client.redis
         self.raw.flushall()
-        self.name = self.client.core.name(T, N, S)
         self.model: list[ShardModel] = []
         self.clock = itertools.count(1_000)  # past moments (ms) for lapses and make_due
         self.handed: list[str] = []  # every claim handed out so far
@@ -86,6 +85,11 @@ class GroupMachine(RuleBasedStateMachine):
             self.client.close()
 
     # -- helpers
+
+    @property
+    def name(self) -> StreamName:
+        """The stream's name, laid out as its shard 0 says (spread hash tags)."""
+        return self.client.core.name(T, N, S)
 
     def shard(self, s: int) -> int:
         return s % len(self.model)
