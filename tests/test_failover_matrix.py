@@ -758,6 +758,7 @@ def test_every_operation_on_the_same_clients_survives(deployment: Deployment, re
             print(f"  {name:32s} {took:6.2f}s" + (f"  ({n} NotReplicated first)" if n else ""))
         record_property("promotion_s", round(recovered[0] - fault_at, 3))
         record_property("first_publish_s", round(first, 3))
+        record_property("library_done_s", round(max(lib), 3))
         record_property("summary", line)
     finally:
         if workers is not None:
