@@ -1,6 +1,7 @@
 """A small pure-Python model of one consumer group on one shard (CONTRACT.md, "Words" and
-guarantees 2-6). It is the reference tests/test_model.py holds the Lua scripts to, and
-a compact statement of the semantics.
+guarantees 2-6), and of the shard's retention (docs/concepts.md, "Retention": a queue in
+the default safe mode). It is the reference tests/test_model.py holds the Lua scripts
+to, and a compact statement of the semantics.
 
 Time: the model has no clock. Every owed record carries the time it falls due (``due``,
 ms since the epoch, as the server stores it); a record nacked with a delay is owed but
@@ -37,7 +38,7 @@ class Rec:
     state: State = State.NEW
     attempts: int = 0  # deliveries so far; a redrive starts over at 0
     due: float = NOT_DUE  # OWED / LAPSED: when it falls due (ms)
-    reason: str = ""  # DEAD: why
+    reason: str = ""  # DEAD: why, exactly as group_dead_letters reports it
     owner: str | None = None  # IN_FLIGHT / LAPSED: the named consumer holding it
 
     @property
@@ -53,6 +54,13 @@ class PollPlan:
     redeliver: list[int]
     fresh: list[int]
     lapsed_dead: list[int]  # lapsed or reclaimed at max_attempts: dead letters now
+    due_dead: list[int] = field(default_factory=list)  # due, but max_attempts was lowered below their attempts
+
+
+def trim_slack(max_len: int) -> int:
+    """How far a shard may outgrow ``max_len`` before a publish trims it (10 %, at
+    least 1, at most 1000; felix_redis.protocol.Core.maybe_trim)."""
+    return max(1, min(1000, max_len // 10))
 
 
 @dataclass
@@ -60,6 +68,8 @@ class ShardModel:
     max_attempts: int
     records: list[Rec] = field(default_factory=list)
     next: int = 0  # next offset to hand out for the first time
+    max_len: int = 0  # retention: records kept per shard (0: no limit)
+    first: int = 0  # the first offset retention kept in the log
 
     # -- what describe reports
 
@@ -105,8 +115,9 @@ class ShardModel:
         return r.state is State.IN_FLIGHT and r.attempts == attempts
 
     def fail_delivery(self, offset: int, due: float, how: str) -> bool:
-        """A lapse, nack or reclaim: owed again from ``due``, or (when its deliveries
-        reached max_attempts) a dead letter; True for a dead letter."""
+        """A lapse, nack or reclaim (``how``: what the dead letter's reason names): owed
+        again from ``due``, or (when its deliveries reached max_attempts) a dead letter;
+        True for a dead letter."""
         r = self.records[offset]
         r.owner = None
         if r.attempts >= self.max_attempts:
@@ -117,22 +128,29 @@ class ShardModel:
 
     def poll(self, max_records: int, consumer: str | None = None, reclaim: bool = False) -> PollPlan:
         """First a reclaiming consumer's own records (held or lapsed) fail and are due at
-        once; then lapsed leases fail, owed from their lease's expiry; then up to
-        max_records due redeliveries, then new records."""
+        once; then lapsed leases fail, owed from their lease's expiry; then the first
+        max_records due records (by due time, then offset as text: the owed sorted set's
+        order), of which those whose attempts reached max_attempts (lowered since) become
+        dead letters and the others are redelivered; then new records up to max_records."""
         lapsed_dead = []
         for o, r in enumerate(self.records):
             mine = reclaim and consumer and r.owner == consumer and r.state in (State.IN_FLIGHT, State.LAPSED)
-            if mine and self.fail_delivery(o, RECLAIMED_DUE, "reclaimed"):
+            if mine and self.fail_delivery(o, RECLAIMED_DUE, f"reclaimed by {consumer}"):
                 lapsed_dead.append(o)
         for o, r in enumerate(self.records):
             if r.state is State.LAPSED and self.fail_delivery(o, r.due, "lease lapsed"):
                 lapsed_dead.append(o)
         due = sorted(
             (o for o, r in enumerate(self.records) if r.state is State.OWED and r.due != NOT_DUE),
-            key=lambda o: (self.records[o].due, o),
+            key=lambda o: (self.records[o].due, str(o)),
         )[:max_records]
-        fresh = list(range(self.next, min(self.tail, self.next + max_records - len(due))))
-        return PollPlan(due, fresh, lapsed_dead)
+        due_dead = [o for o in due if self.records[o].attempts >= self.max_attempts]
+        for o in due_dead:
+            r = self.records[o]
+            r.state, r.reason = State.DEAD, "max_attempts reached"
+        redeliver = [o for o in due if o not in due_dead]
+        fresh = list(range(self.next, min(self.tail, self.next + max_records - len(redeliver))))
+        return PollPlan(redeliver, fresh, lapsed_dead, due_dead)
 
     def deliver(self, offset: int, consumer: str | None = None) -> int:
         """Hands ``offset`` out under a lease; returns its attempts (deliveries so far)."""
@@ -181,3 +199,26 @@ class ShardModel:
         r = self.records[offset]
         assert r.state is State.DEAD
         r.state = State.DISCARDED
+
+    # -- retention (a queue in safe mode: never past an unfinished record)
+
+    def trim(self) -> int:
+        """Applies the length limit: keeps the last ``max_len`` records, but never trims
+        the position (the smallest unfinished offset, a redriven record included).
+        Returns how many records were trimmed."""
+        if not self.max_len:
+            return 0
+        cut = min(max(self.first, self.tail - self.max_len), self.position)
+        trimmed = max(0, cut - self.first)
+        self.first = max(self.first, cut)
+        return trimmed
+
+    def published(self) -> int:
+        """After a publish to this shard: trims once the log outgrew its limit by more
+        than the slack (felix_redis.protocol.Core.maybe_trim); returns the records trimmed."""
+        if self.max_len and self.tail - self.first > self.max_len + trim_slack(self.max_len):
+            return self.trim()
+        return 0
+
+    def trimmed(self, offset: int) -> bool:
+        return offset < self.first

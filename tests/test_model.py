@@ -1,7 +1,9 @@
 """Property-based test of the group semantics: random sequences of publish, poll (also
-as named consumers that reclaim), ack, nack, extend, dead_letter, redrive, discard and
-lapse, run against the real Redis and memory://, each step checked against the
-pure-Python model of tests/model.py.
+as named consumers that reclaim), ack, nack, extend, dead_letter, redrive, discard,
+lapse, group_configure (max attempts and visibility timeout) and retention (a length
+limit applied by publishing and by stream_trim), run against the real Redis and
+memory://, each step checked against the pure-Python model of tests/model.py, dead-letter
+reasons included.
 
 Time is controlled, not waited for: the group's visibility timeout is long, and a lease
 "lapses" when the test rewrites its expiry in the lease sorted set to a moment in the
@@ -36,7 +38,7 @@ import felix_redis
 from felix_redis import NotFound, StaleClaim
 from felix_redis.keys import GROUP_ROLES, StreamName
 from felix_redis.models import Record
-from tests.conftest import finished_runs
+from tests.conftest import finished_runs, lease_expiry
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 VT_MS = 600_000  # leases never lapse by themselves while an example runs
@@ -76,6 +78,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.handed: list[str] = []  # every claim handed out so far
         self.settled = False
         self.sound = True
+        self.vt_ms = VT_MS  # the group's visibility timeout now
 
     def teardown(self) -> None:
         try:
@@ -121,10 +124,12 @@ class GroupMachine(RuleBasedStateMachine):
         if note and reclaim and any(r.owner == consumer for r in m.records):
             event(f"poll: {consumer} reclaims")
         plan = m.poll(max_records, consumer, reclaim)  # reclaims and lapses are noticed first
+        before = self.server_ms()
         if consumer is None:
             got = self.client.group_poll(T, N, S, s, G, max_records=max_records)
         else:
             got = self.client.group_poll_as(T, N, S, s, G, consumer, reclaim=reclaim, max_records=max_records)
+        after = self.server_ms()
         claims = [r.claim for r in got]
         k = len(plan.redeliver)
         want = [f"{s}:{o}:{m.records[o].attempts + 1}" for o in plan.redeliver + plan.fresh]
@@ -146,10 +151,15 @@ class GroupMachine(RuleBasedStateMachine):
             assert r.payload == m.records[r.offset].payload
             assert r.attempts == m.deliver(r.offset, consumer), f"attempts of {r.claim}: {context}"
             assert r.attempts <= m.max_attempts
+            expiry = lease_expiry(self.raw, {"held": self.key(s, HELD), "lease": self.key(s, LEASE)}, r.offset)
+            assert expiry is not None and before + self.vt_ms <= expiry <= after + self.vt_ms, (
+                f"lease of {r.claim} expires at {expiry}, want now + {self.vt_ms} ms in [{before}, {after}]")
         if note:
             event(f"poll: {'some' if k else 'no'} redeliveries, {'some' if plan.fresh else 'no'} new")
             if plan.lapsed_dead:
                 event("poll: a lapsed or reclaimed record at max_attempts became a dead letter")
+            if plan.due_dead:
+                event("poll: a due record past a lowered max_attempts became a dead letter")
         return got
 
     def settle(self) -> None:
@@ -205,15 +215,17 @@ class GroupMachine(RuleBasedStateMachine):
 
     # -- rules
 
-    @initialize(shards=st.integers(1, 2), max_attempts=st.integers(1, 3), records=st.integers(0, 6))
-    def create(self, shards: int, max_attempts: int, records: int) -> None:
-        self.client.stream_create(T, N, S, shards=shards)
+    @initialize(shards=st.integers(1, 2), max_attempts=st.integers(1, 3), records=st.integers(0, 6),
+                max_len=st.sampled_from([0, 0, 1, 2, 3, 5]))
+    def create(self, shards: int, max_attempts: int, records: int, max_len: int) -> None:
+        self.client.stream_create(T, N, S, shards=shards, retention_max_len=max_len or None)
         self.client.group_create(T, N, S, G, visibility_timeout_ms=VT_MS, max_attempts=max_attempts)
-        self.model = [ShardModel(max_attempts) for _ in range(shards)]
+        self.model = [ShardModel(max_attempts, max_len=max_len) for _ in range(shards)]
         for i in range(records):
             s = i % shards
             self.client.publish(T, N, S, b"%d" % i, shard=s)
             self.model[s].publish([b"%d" % i])
+            self.model[s].published()
 
     @rule(shard=st.integers(0, 1), payloads=st.lists(st.binary(max_size=3), min_size=1, max_size=3))
     @step
@@ -221,6 +233,8 @@ class GroupMachine(RuleBasedStateMachine):
         s = self.shard(shard)
         got = self.client.publish_batch(T, N, S, payloads, shard=s)
         assert [(p.shard, p.offset) for p in got] == [(s, o) for o in self.model[s].publish(payloads)]
+        if self.model[s].published():
+            event("publish: retention trimmed the log")
 
     @precondition(lambda self: self.where(State.NEW, State.OWED, State.LAPSED, State.IN_FLIGHT))
     @rule(shard=st.integers(0, 1), max_records=st.integers(1, 4), consumer=CONSUMERS, reclaim=st.booleans())
@@ -276,7 +290,7 @@ class GroupMachine(RuleBasedStateMachine):
         if not dead:
             score = self.owed_score(s, o)
             if delayed:
-                assert score >= before + DELAY_S * 1000
+                assert before + DELAY_S * 1000 <= score <= self.server_ms() + DELAY_S * 1000
             else:
                 assert before <= score <= self.server_ms()
                 due = score
@@ -290,7 +304,8 @@ class GroupMachine(RuleBasedStateMachine):
         before = self.server_ms()
         done = self.claim_op(data, lambda s, claim: self.client.group_extend(T, N, S, s, G, claim, by=by))
         if done is not None:
-            assert done[2] >= before + (VT_MS if by is None else by * 1000)
+            by_ms = self.vt_ms if by is None else by * 1000
+            assert before + by_ms <= done[2] <= self.server_ms() + by_ms
 
     @precondition(lambda self: self.handed)
     @rule(data=st.data(), reason=st.sampled_from(["", "bad card", "a|b"]))
@@ -344,8 +359,17 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(data=st.data(), everything=st.booleans())
     @step
     def redrive(self, data: st.DataObject, everything: bool) -> None:
+        """Dead letters owed again, due now; one whose record retention trimmed stays a
+        dead letter (named in a list: NotFound, and nothing changes)."""
         s, chosen = self.pick_dead(data, everything)
         m = self.model[s]
+        trimmed = [o for o in chosen if m.trimmed(o)]
+        if trimmed and not everything:
+            event("redrive of a trimmed record refused")
+            with pytest.raises(NotFound, match="trimmed"):
+                self.client.group_redrive(T, N, S, s, G, chosen)
+            return
+        chosen = [o for o in chosen if not m.trimmed(o)]
         before = self.server_ms()
         assert self.client.group_redrive(T, N, S, s, G, None if everything else chosen) == len(chosen)
         after = self.server_ms()
@@ -380,6 +404,40 @@ class GroupMachine(RuleBasedStateMachine):
         with pytest.raises(NotFound):
             (self.client.group_redrive if redrive else self.client.group_discard)(T, N, S, s, G, offsets)
 
+    @precondition(lambda self: any(m.max_len and m.tail - m.first > m.max_len for m in self.model))
+    @rule()
+    @step
+    def trim(self) -> None:
+        """stream_trim: each shard keeps its last max_len records, never past its position."""
+        want = sum(m.trim() for m in self.model)
+        assert self.client.stream_trim(T, N, S) == want
+        event(f"trim: {'some' if want else 'nothing'} trimmed")
+
+    @precondition(lambda self: self.where(State.OWED, State.LAPSED, State.IN_FLIGHT))
+    @rule(data=st.data(), vt_ms=st.sampled_from([None, 300_000, 900_000]))
+    @step
+    def configure(self, data: st.DataObject, vt_ms: int | None) -> None:
+        """group_configure: the new max attempts counts for every record from now on
+        (held, owed or due); the new visibility timeout for leases granted from now on,
+        those granted before keep their expiry. Max attempts is often set to the attempts
+        of a record delivered and unfinished now (the boundary where it may not be
+        delivered again)."""
+        delivered = self.where(State.OWED, State.LAPSED, State.IN_FLIGHT)
+        boundary = {a for s, o in delivered if (a := self.model[s].records[o].attempts)}  # a redriven one has 0
+        max_attempts = data.draw(st.sampled_from([None, 1, 2, 3, 4, *sorted(boundary)]))
+        leases = [self.raw.zrange(self.key(s, LEASE), 0, -1, withscores=True) for s in range(len(self.model))]
+        self.client.group_configure(T, N, S, G, visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
+        assert [self.raw.zrange(self.key(s, LEASE), 0, -1, withscores=True) for s in range(len(self.model))] == leases
+        if max_attempts is not None:
+            lowered = max_attempts < self.model[0].max_attempts
+            event(f"configure: max_attempts {'lowered' if lowered else 'kept or raised'}")
+            for m in self.model:
+                m.max_attempts = max_attempts
+        if vt_ms is not None:
+            self.vt_ms = vt_ms
+        info = self.client.group_describe(T, N, S, G)
+        assert (info.visibility_timeout_ms, info.max_attempts) == (self.vt_ms, self.model[0].max_attempts)
+
     @precondition(lambda self: not self.settled and any(m.tail for m in self.model))
     @rule()
     @step
@@ -399,10 +457,13 @@ class GroupMachine(RuleBasedStateMachine):
     def check_agrees(self) -> None:
         info = self.client.group_describe(T, N, S, G)
         assert len(info.shards) == len(self.model)
+        firsts = self.client.stream_describe(T, N, S).firsts
+        assert firsts == [m.first for m in self.model], f"first offsets kept {firsts}, the model's retention says"
         for s, (shard, m) in enumerate(zip(info.shards, self.model, strict=True)):
             want = m.describe()
             got = {k: getattr(shard, k) for k in want}
             assert got == want, f"shard {s}: describe says {got}, the model {want}"
+            assert shard.trimmed == 0, f"shard {s}: retention trimmed {shard.trimmed} unfinished record(s)"
             assert (shard.oldest_unfinished_age_ms is None) == (m.position == m.tail)
             # the stored position and the runs of finished records above it (the done
             # key and the group hash's top run) hold exactly the model's finished records
@@ -416,12 +477,8 @@ class GroupMachine(RuleBasedStateMachine):
             assert above == want_above, f"shard {s}: finished runs {runs} above {pos}, the model {want_above}"
             letters = self.client.group_dead_letters(T, N, S, s, G)
             assert [(d.offset, d.attempts) for d in letters] == m.dead_letters(), f"shard {s} dead letters"
-            for d in letters:
-                want_reason = m.records[d.offset].reason
-                if want_reason.startswith("max_attempts"):
-                    assert "max_attempts" in d.reason, d
-                else:
-                    assert d.reason == want_reason, d
+            reasons = [(d.offset, d.reason) for d in letters]
+            assert reasons == [(o, m.records[o].reason) for o, _ in m.dead_letters()], f"shard {s} dead-letter reasons"
 
 
 def run(url: str, examples: int, steps: int) -> None:
