@@ -100,11 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                     "resumed_after": result.resumed_after, "demoted_after": result.demoted_after,
                     "isolated_records": result.isolated_records,
                     "isolated_acknowledged": len(result.isolated_acknowledged),
+                    "missing_by_phase": dict(result.missing_by_phase),
+                    "missing_last_after_resume": result.missing_last_after_resume,
                     "errors": dict(result.errors), "leaked": result.leaked, "stuck": result.stuck,
                     "notes": result.notes, "duration": result.duration,
                 })
     took = time.monotonic() - started
     command = "python bench/failover_history.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if code_version() != version:
+        version += f"; changed during the run, now {code_version()}"
     print(f"\n{command}\ncode: {version}\n{took / 60:.1f} minutes\n")
     print(table(cells))
     if args.json:

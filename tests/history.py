@@ -803,6 +803,8 @@ class TrialResult:
     missing_unseen: int  # pause: acknowledged publishes missing from the final log the observer never saw there
     observer_errors: list[str]
     observer_first_read: float | None  # s from the fault to the observer's first complete read of the old primary
+    missing_by_phase: Counter[str]  # acknowledged publishes missing from the final log, by when they were sent
+    missing_last_after_resume: float | None  # pause: the last of those sent after SIGCONT, s after SIGCONT
     errors: Counter[str]
     leaked: list[str]
     stuck: list[str]
@@ -838,6 +840,9 @@ class TrialResult:
                    f"{self.missing_unseen} missing acknowledged publishes not seen on it (first read after "
                    f"{self.observer_first_read}s, errors {self.observer_errors[:3]})"
                    if self.fault == "pause" else "")
+                + (f"; missing by phase {dict(self.missing_by_phase)}" if self.missing_by_phase else "")
+                + (f" (the last sent {self.missing_last_after_resume:.2f}s after SIGCONT)"
+                   if self.missing_last_after_resume is not None else "")
                 + f"; errors {dict(self.errors)}; leaked {len(self.leaked)}; stuck {self.stuck}; ops {self.ops}; "
                   f"{self.duration:.1f}s")
 
@@ -961,6 +966,18 @@ def run_trial(
                            if p in ops else "not published by the recorder" for p in isolated)
         acknowledged = [f"{p!r} ok at {ops[p].shard}:{ops[p].offset}" for p in isolated
                         if p in ops and ops[p].outcome == "ok"]
+        phases: Counter[str] = Counter()
+        after_resume: list[float] = []
+        for p, op in ops.items():
+            if op.outcome != "ok" or p in final_payloads:
+                continue
+            if op.invoked < fault_at + 0.05:
+                phases["sent before the fault" if op.end < fault_at else "in flight at the fault"] += 1
+            elif resumed_at is not None and op.invoked >= resumed_at:
+                phases["sent after SIGCONT"] += 1
+                after_resume.append(op.invoked - resumed_at)
+            else:
+                phases["sent during the fault"] += 1
         return TrialResult(
             consistency, fault, seed, report, recovery,
             failover_after=failover_at - fault_at,
@@ -970,6 +987,7 @@ def run_trial(
             missing_unseen=unseen, observer_errors=observer.errors if observer else [],
             observer_first_read=None if observer is None or observer.first_read_at is None
             else round(observer.first_read_at - fault_at, 2),
+            missing_by_phase=phases, missing_last_after_resume=max(after_resume) if after_resume else None,
             errors=recorder.errors(), leaked=list(recorder.leaked), stuck=stuck, ops=len(recorder.history),
             duration=time.monotonic() - started, fault_at=fault_at, history=recorder.history, notes=notes,
         )
