@@ -4,11 +4,12 @@ leases, hard limits, shutdown, shard subsets, logging and the CLI wiring."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import click
 import pytest
@@ -84,10 +85,21 @@ def test_import_handler() -> None:
 # -- the sync worker
 
 
-def run_in_thread(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
+@contextlib.contextmanager
+def running(worker: Worker, *release: threading.Event, join_s: float = 10.0) -> Iterator[threading.Thread]:
+    """Runs ``worker`` in a thread for the block. However the block ends, the events in
+    ``release`` are set (handlers waiting on them return), the worker is stopped and its
+    thread joined: a failing test leaves no worker running (and the run does not hang)."""
+    thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
     thread.start()
-    return thread
+    try:
+        yield thread
+    finally:
+        for event in release:
+            event.set()
+        worker.stop()
+        thread.join(join_s)
+    assert not thread.is_alive(), f"the worker did not stop within {join_s}s"
 
 
 def test_burst_worker_handles_every_record_of_every_shard(worker_group: Callable[..., felix_redis.Client]) -> None:
@@ -138,28 +150,31 @@ def test_outcomes_are_logged_one_line_each(
 
 
 def test_leases_are_extended_while_the_handler_runs(worker_group: Callable[..., felix_redis.Client]) -> None:
-    c = worker_group(vt_ms=300)
+    """A handler runs for 3 visibility timeouts; the heartbeat (every third of it) keeps
+    extending its lease, so no other poll gets the record meanwhile. The lease is 1 s so
+    that a heartbeat late by most of a second on a loaded machine still lands in time."""
+    vt_s = 1.0
+    c = worker_group(vt_ms=int(vt_s * 1000))
     c.publish(T, N, S, "slow")
     attempts: list[int] = []
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def handler(record: Record) -> None:
         attempts.append(record.attempts)
         started.set()
-        time.sleep(1.2)
+        release.wait(10)
 
     w = Worker(c, T, N, S, G, handler, poll_wait_s=0.1, handle_signals=False)
-    thread = run_in_thread(w)
-    assert started.wait(3)
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        assert c.group_poll(T, N, S, 0, G) == [], "another poll got the record while it ran"
-        time.sleep(0.05)
-    deadline = time.monotonic() + 5
-    while w.stats.processed == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    w.stop()
-    thread.join(5)
+    with running(w, release):
+        assert started.wait(5)
+        deadline = time.monotonic() + 3 * vt_s
+        while time.monotonic() < deadline:
+            assert c.group_poll(T, N, S, 0, G) == [], "another poll got the record while it ran"
+            time.sleep(0.05)
+        release.set()
+        deadline = time.monotonic() + 5
+        while w.stats.processed == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
     assert attempts == [1] and w.stats.processed == 1
 
 
@@ -173,15 +188,10 @@ def test_a_handler_past_the_hard_limit_loses_its_lease(worker_group: Callable[..
         release.wait(5)
 
     w = Worker(c, T, N, S, G, handler, hard_limit_s=0.2, poll_wait_s=0.1, grace_s=0.2, handle_signals=False)
-    thread = run_in_thread(w)
-    try:
+    with running(w, release):
         assert started.wait(3)
         records = c.group_poll(T, N, S, 0, G, wait=3)
         assert [r.attempts for r in records] == [2]
-    finally:
-        release.set()
-        w.stop()
-        thread.join(5)
 
 
 def test_stop_lets_handlers_finish_within_grace_and_hands_back_the_rest(
@@ -201,12 +211,12 @@ def test_stop_lets_handlers_finish_within_grace_and_hands_back_the_rest(
             release.wait(10)
 
     w = Worker(c, T, N, S, G, handler, concurrency=2, grace_s=0.5, poll_wait_s=0.1, handle_signals=False)
-    thread = run_in_thread(w)
-    started.wait(5)
-    w.stop()
-    thread.join(5)
-    release.set()
-    assert not thread.is_alive()
+    with running(w, release) as thread:
+        started.wait(5)
+        w.stop()
+        thread.join(5)
+        release.set()
+        assert not thread.is_alive()
     assert (w.stats.processed, w.stats.handed_back) == (1, 1)
     info = c.group_describe(T, N, S, G)
     assert (info.in_flight, info.owed) == (0, 1)
@@ -232,13 +242,11 @@ def test_a_shard_subset_long_polls(worker_group: Callable[..., felix_redis.Clien
     c = worker_group(shards=2)
     got = threading.Event()
     w = Worker(c, T, N, S, G, lambda r: got.set(), shards=[1], poll_wait_s=5, handle_signals=False)
-    thread = run_in_thread(w)
-    time.sleep(0.2)
-    started = time.monotonic()
-    c.publish(T, N, S, "x", shard=1)
-    assert got.wait(3) and time.monotonic() - started < 1
-    w.stop()
-    thread.join(7)
+    with running(w):
+        time.sleep(0.2)
+        started = time.monotonic()
+        c.publish(T, N, S, "x", shard=1)
+        assert got.wait(3) and time.monotonic() - started < 1.5
 
 
 def test_acks_ride_on_the_next_poll(
@@ -255,18 +263,19 @@ def test_acks_ride_on_the_next_poll(
     seen: list[int] = []
     w = Worker(c, T, N, S, G, lambda r: seen.append(int(r.payload)), concurrency=4, poll_wait_s=0.2,
                handle_signals=False)
-    thread = run_in_thread(w)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (w.stats.processed < 36 or len(seen) < 40):
-        time.sleep(0.02)
-    # all handled; at most one poll's worth (the slots) may still wait for the next poll
-    assert sorted(seen) == list(range(40))
-    assert w.stats.processed >= 36
-    assert c.group_describe(T, N, S, G).shards[0].position + c.group_describe(T, N, S, G).shards[1].position >= 36
-    w.stop()
-    thread.join(5)
-    # the stop acks the rest at once, without waiting out the linger
-    assert not thread.is_alive()
+    with running(w) as thread:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (w.stats.processed < 36 or len(seen) < 40):
+            time.sleep(0.02)
+        # all handled; at most one poll's worth (the slots) may still wait for the next poll
+        assert sorted(seen) == list(range(40))
+        assert w.stats.processed >= 36
+        shards = c.group_describe(T, N, S, G).shards
+        assert shards[0].position + shards[1].position >= 36
+        w.stop()
+        thread.join(5)
+        # the stop acks the rest at once, without waiting out the linger
+        assert not thread.is_alive()
     assert (w.stats.processed, w.stats.in_flight) == (40, 0)
     assert c.group_describe(T, N, S, G).lag == 0
 
@@ -282,15 +291,13 @@ def test_a_finished_job_is_acked_while_the_loop_long_polls(
     c = worker_group()
     c.publish(T, N, S, "x")
     w = Worker(c, T, N, S, G, lambda r: None, concurrency=2, poll_wait_s=5, handle_signals=False)
-    thread = run_in_thread(w)
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and w.stats.processed < 1:
-        time.sleep(0.01)
-    assert w.stats.processed == 1 and w.stats.in_flight == 0
-    info = c.group_describe(T, N, S, G).shards[0]
-    assert (info.position, info.in_flight) == (1, 0)
-    w.stop()
-    thread.join(7)
+    with running(w):
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and w.stats.processed < 1:
+            time.sleep(0.01)
+        assert w.stats.processed == 1 and w.stats.in_flight == 0
+        info = c.group_describe(T, N, S, G).shards[0]
+        assert (info.position, info.in_flight) == (1, 0)
 
 
 def test_a_poll_that_blows_up_still_gets_its_acks_applied(worker_group: Callable[..., felix_redis.Client]) -> None:
@@ -375,13 +382,19 @@ def test_async_worker_cancels_past_the_hard_limit_and_hands_back_on_stop(
             w = AsyncWorker(client, T, N, S, G, handler, concurrency=2, hard_limit_s=0.5, grace_s=0.1,
                             poll_wait_s=0.1, backoff=Backoff(60, jitter=0), handle_signals=False)
             task = asyncio.create_task(w.run())
-            await asyncio.sleep(0.8)
-            assert w.stats.retried == 1  # "stuck" was cancelled at 0.5 s and nacked for 60 s
-            await client.publish(T, N, S, "long")
-            while w.stats.in_flight == 0:
-                await asyncio.sleep(0.01)
-            w.stop()
-            await asyncio.wait_for(task, 5)
+            try:
+                deadline = time.monotonic() + 5
+                while w.stats.retried == 0 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                assert w.stats.retried == 1  # "stuck" was cancelled at 0.5 s and nacked for 60 s
+                await client.publish(T, N, S, "long")
+                deadline = time.monotonic() + 5
+                while w.stats.in_flight == 0 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert w.stats.in_flight == 1
+            finally:
+                w.stop()
+                await asyncio.wait_for(task, 5)
             return w
 
     w = asyncio.run(main())
