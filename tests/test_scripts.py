@@ -280,10 +280,16 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
             assert roles == documented, f"{name}: Python passes {roles}, the header says {documented}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+#: The scripts that work on one group (they include lua/includes/group.lua).
+GROUP_SCRIPTS = [n for n in NAMES if '--- @include "group"' in scripts.load(n).body]
+
+
+def test_the_group_scripts_are_found() -> None:
+    assert len(GROUP_SCRIPTS) >= 10 and "group_poll" in GROUP_SCRIPTS and "publish" not in GROUP_SCRIPTS
+
+
+@pytest.mark.parametrize("name", GROUP_SCRIPTS)
 def test_group_scripts_take_shard_and_group_roles_in_order(name: str) -> None:
-    if '--- @include "group"' not in scripts.load(name).body:
-        return
     documented = tuple(role for _, role in KEY_LINE.findall(header(name)))
     assert documented[:len(SHARD_ROLES + GROUP_ROLES)] == SHARD_ROLES + GROUP_ROLES
     assert documented[len(SHARD_ROLES + GROUP_ROLES):] in ((), ("groups",))
@@ -391,10 +397,17 @@ def test_now_ms_reads_redis_time(helper: str) -> None:
 WRITE_COMMANDS = re.compile(r"redis\.call\('(XADD|HSET|HDEL|ZADD|ZREM|SADD|SREM|SET|DEL|PEXPIRE)'")
 
 
-@pytest.mark.parametrize("name", NAMES)
+#: The scripts whose header says they write nothing.
+READ_ONLY = [n for n in NAMES if "Writes nothing" in header(n)]
+
+
+def test_the_read_only_scripts_are_found() -> None:
+    assert {"stream_info", "stream_read", "group_describe", "group_dead_letters"} <= set(READ_ONLY)
+    assert "group_poll" not in READ_ONLY
+
+
+@pytest.mark.parametrize("name", READ_ONLY)
 def test_read_only_scripts_write_nothing(name: str) -> None:
-    if "Writes nothing" not in header(name):
-        return
     assert not WRITE_COMMANDS.search(body(name))
     src = scripts.load(name)
     for inc in src.includes[1:]:
