@@ -23,9 +23,15 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import Phase
+from hypothesis import settings as hypothesis_settings
 
 import felix_redis
 from felix_redis.testing.server import SERVER_ENV, RedisServer, redis_server_binary, resolve_server_binary
+
+#: ``--hypothesis-profile mutate`` (the mutation check, tests/mutate.py): a failing
+#: example fails the test at once, without the minutes shrinking it can take.
+hypothesis_settings.register_profile("mutate", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

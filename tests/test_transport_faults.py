@@ -228,11 +228,23 @@ def producer(env: Env) -> Any:
     return env.run(env.c.idempotent_producer())
 
 
-def warm(env: Env) -> None:
-    """The client has published before (settings cached, a producer borrowed with an
-    id): a publish takes the quick path."""
+def published_before(env: Env) -> None:
+    """The client has published before (a producer borrowed with an id): a publish
+    takes the quick path."""
     base(env, records=0)
     env.run(env.c.publish(T, N, S, b"warm"))
+
+
+def warm(env: Env) -> None:
+    """The client's connections are open (a refusal cuts them) and it knows the stream
+    and group (cached), so the operation's own call is the first it makes: a fault hits
+    that call, not a read before it."""
+    env.run(env.c.stream_list())
+    if env.raw.exists(GROUP0):
+        for shard in range(env.d.stream_describe(T, N, S).shards):
+            env.run(env.c.group_dead_letters(T, N, S, shard, G))
+    elif env.raw.exists(META0):
+        env.run(env.c.read(T, N, S, 0, 0, 1))
 
 
 def sharded(env: Env, n: int = 4) -> tuple[Any, list[str]]:
@@ -272,7 +284,7 @@ CASES = [
     # -- publishing with a borrowed producer (the default) or an idempotent producer
     Case("publish", "publish", True, lambda env: base(env, records=0),
          lambda env, ctx: env.c.publish(T, N, S, b"X"), effect=published(b"X")),
-    Case("publish (warm)", "publish", True, warm,
+    Case("publish (warm)", "publish", True, published_before,
          lambda env, ctx: env.c.publish(T, N, S, b"X"), effect=published(b"X")),
     Case("publish_keyed", "publish", True, lambda env: base(env, records=0),
          lambda env, ctx: env.c.publish_keyed(T, N, S, "k", b"X"), effect=published(b"X")),
@@ -436,8 +448,7 @@ def test_every_operation_under_every_fault(
         if not env.raw.function_list(library=env.d._runner.library.name):
             env.d.load_library()
         ctx = case.setup(env)
-        # the client's connections are open (a refusal cuts them)
-        env.run(env.c.stream_list())
+        warm(env)
         match = target(env, case)
         before = env.proxy.seen(match)
         relisten = None
@@ -487,7 +498,7 @@ def test_a_safe_call_lost_every_time_fails_after_retry_for(
     raises ConnectionFailed (the outcome is unknown, so OutcomeUnknown: it did run)."""
     with make_env(direct, flavour, retry_for=0.5) as env:
         (r,) = held(env)
-        env.run(env.c.stream_list())
+        warm(env)
         match = target(env, next(c for c in CASES if c.name == "group_ack"))
         fault = env.proxy.arm("after", match, times=1000)
         start = time.monotonic()
@@ -505,7 +516,7 @@ def test_an_unsafe_call_is_sent_once_whatever_happens(
 ) -> None:
     with make_env(direct, flavour, idempotent_publish=False, retry_for=5) as env:
         base(env, records=0)
-        env.run(env.c.stream_list())
+        warm(env)
         match = target(env, next(c for c in CASES if c.name == "publish (plain)"))
         fault = env.proxy.arm("after", match, times=1000)
         with pytest.raises(OutcomeUnknown):
@@ -545,7 +556,7 @@ def test_every_refusal_reply_sends_an_unsafe_call_again(
     case = next(c for c in CASES if c.name == name)
     with make_env(direct, flavour, idempotent_publish=not case.plain_publish) as env:
         ctx = case.setup(env)
-        env.run(env.c.stream_list())
+        warm(env)
         match = target(env, case)
         fault = env.proxy.arm("error", match, error=REFUSALS[code])
         env.run(case.act(env, ctx))

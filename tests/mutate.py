@@ -1,0 +1,448 @@
+"""The mutation check: deliberate bugs in lua/ and felix_redis/ that the tests must catch.
+
+    python -m tests.mutate                 # every mutation; a table; exit 1 unless all are killed
+    python -m tests.mutate --list          # the mutations, and whether each still applies
+    python -m tests.mutate --only M9 M11   # some of them
+    python -m tests.mutate --jobs 2        # two at a time (two copies of the tree)
+
+Each mutation is a search-and-replace in one file (an edit must match exactly once, or
+its ``nth`` occurrence) and names the test files (and ``-k`` expression) that must catch
+it. The command never touches the working tree: it copies the tracked files into a
+temporary directory, checks that Python imports ``felix_redis`` (and the tests) from the
+copy, then for each mutation edits the copy, runs pytest there (``-x``: the first failure
+kills it), and puts the file back. The copy is removed at the end, also after an error or
+Ctrl-C. A mutation whose text no longer matches the code is reported ``stale`` and fails
+the run like a survivor: update its edit to the code it guards.
+
+Results: ``killed`` (pytest exit 1), ``SURVIVED`` (exit 0: the tests pass with the bug in),
+``stale``, ``error`` (pytest could not run: exit 2-5) and ``timeout`` (over ``--timeout``
+seconds; pytest is interrupted, then killed). Every contract guarantee has at least one
+mutation (column ``G``; see docs/reliability.md, "The mutation check").
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Edit:
+    old: str
+    new: str
+    nth: int = 0  # 0: ``old`` must occur exactly once; n: its n-th occurrence (from 1)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    guarantee: str  # the contract guarantee (1-10) or feature it breaks
+    path: str
+    edits: tuple[Edit, ...]
+    tests: str  # pytest arguments: test files, then options such as -k
+    what: str
+
+    def apply(self, text: str) -> str:
+        """``text`` with the edits made; ValueError when one does not match (stale)."""
+        for edit in self.edits:
+            count = text.count(edit.old)
+            if edit.nth == 0:
+                if count != 1:
+                    raise ValueError(f"{edit.old!r} occurs {count} times in {self.path}, want exactly once")
+                text = text.replace(edit.old, edit.new)
+            else:
+                if count < edit.nth:
+                    raise ValueError(f"{edit.old!r} occurs {count} times in {self.path}, want at least {edit.nth}")
+                at = -1
+                for _ in range(edit.nth):
+                    at = text.index(edit.old, at + 1)
+                text = text[:at] + edit.new + text[at + len(edit.old):]
+        return text
+
+
+def mutation(id: str, guarantee: str, path: str, old: str, new: str, tests: str, what: str, nth: int = 0,
+             more: tuple[Edit, ...] = ()) -> Mutation:
+    return Mutation(id, guarantee, path, (Edit(old, new, nth), *more), tests, what)
+
+
+G = "tests/test_guarantees.py"
+MODEL = "tests/test_model.py -k 'redis and not long'"
+TRANSPORT = "tests/test_transport_faults.py"
+
+MUTATIONS: list[Mutation] = [
+    # ---- 1. at-least-once
+    mutation("M1", "1", "lua/group_poll.lua",
+             "        redis.call('ZADD', K.owed, expiry, m)\n", "",
+             f"{G} -k 'test_1 and redis'",
+             "a lapsed lease is not made owed: the record is never delivered again"),
+    mutation("M2", "1", "lua/group_poll.lua",
+             "    S.next = first + count\n", "    S.next = first + count + 1\n",
+             f"{G} -k 'test_1 and redis'",
+             "a poll of new records skips the record after them"),
+    mutation("M3", "1", "felix_redis/protocol.py",
+             "                    return out, cursor  # hand out what other shards leased rather than let it lapse",
+             "                    return [], cursor",
+             "tests/test_transport_faults.py -k 'sync and sharded and poll'",
+             "a sharded poll that lost one shard's call drops what the other shards leased"),
+    # ---- 2. one holder
+    mutation("M4", "2", "lua/group_poll.lua",
+             "local expiry = fmt(now + S.vt)", "local expiry = fmt(now)",
+             f"{G} -k 'test_2 and redis'",
+             "a lease expires as it is granted"),
+    mutation("M5", "2", "lua/includes/group.lua",
+             "  if tonumber(expiry) <= now then\n", "  if false then\n",
+             "tests/test_groups.py -k 'redis and stale'",
+             "a claim whose lease lapsed is still accepted (nack/extend/dead-letter)"),
+    mutation("M6", "2", "lua/includes/group.lua",
+             "  if current ~= attempts then\n", "  if false then\n",
+             f"{G} -k 'test_3_reclaim_returns and redis'",
+             "a claim of an older delivery is still accepted"),
+    # ---- 3. attempts
+    mutation("M7", "3", "lua/group_poll.lua",
+             "      lease(m, e[1][1], a + 1, e[1][2])", "      lease(m, e[1][1], a, e[1][2])",
+             f"{G} -k 'test_3 and redis'",
+             "a redelivery does not add one to the attempts"),
+    mutation("M8", "3", "lua/group_poll.lua",
+             "        redis.call('ZADD', K.owed, 0, m)\n", "        redis.call('ZADD', K.owed, now + 60000, m)\n",
+             f"{G} -k 'test_3 and redis'",
+             "a reclaimed record is not due at once"),
+    # ---- 4. bounded retries (the `>=` at max attempts)
+    mutation("M10a", "4", "lua/group_poll.lua", "      if a >= S.max then", "      if a > S.max then",
+             f"{G} tests/test_model.py -k 'redis and (test_4 or test_group_semantics_match_the_model and not long)'",
+             "a reclaim at max_attempts delivers the record once more", nth=1),
+    mutation("M10b", "4", "lua/group_poll.lua", "      if a >= S.max then", "      if a > S.max then",
+             MODEL, "a lapse at max_attempts delivers the record once more (the model test alone)", nth=2),
+    mutation("M10c", "4", "lua/group_poll.lua", "  if a >= S.max then", "  if a > S.max then",
+             MODEL, "a due record past a lowered max_attempts is delivered again (the model test alone)", nth=3),
+    mutation("M12", "4", "lua/group_nack.lua",
+             "if attempts >= S.max then", "if attempts > S.max then",
+             f"{G} -k 'test_4 and redis'",
+             "a nack at max_attempts makes the record owed instead of a dead letter"),
+    mutation("M13", "4", "lua/group_poll.lua",
+             "  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0\n",
+             "  local a = tonumber(redis.call('HGET', K.attempts, m)) or 1\n",
+             f"{G} -k 'test_4 and redis'",
+             "a redriven record's attempts do not start over (its first redelivery says 2)"),
+    # ---- 5. order of hand-out
+    mutation("M14", "5", "lua/group_poll.lua",
+             "local want = max_records - n", "local want = max_records",
+             f"{G} -k 'test_5 and redis'",
+             "a poll hands out max_records new records on top of the redeliveries"),
+    mutation("M15", "5", "lua/group_poll.lua",
+             "  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s,",
+             "  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', '+inf',",
+             f"{G} -k 'test_5 and redis'", "once one owed record is due, records nacked with a delay come too"),
+    # ---- 6. position never passes an unfinished record
+    mutation("M16", "6", "lua/includes/group.lua",
+             "    S.pos = S.top_last + 1\n", "    S.pos = S.top_last + 2\n",
+             f"{G} -k 'test_6 and redis'",
+             "the position jumps one past a run of finished records"),
+    mutation("M17", "6", "lua/group_redrive.lua",
+             "if off < S.pos then redis.call('ZADD', K.redo, off, m) else unfinish_above(K, S, off) end",
+             "if off >= S.pos then unfinish_above(K, S, off) end",
+             f"{G} -k 'test_6 and redis'",
+             "a redrive below the position is not remembered: the position stays above it"),
+    mutation("M11", "6", "lua/stream_trim.lua",
+             "    if #redo > 0 and tonumber(redo[2]) < pos then pos = tonumber(redo[2]) end\n", "",
+             "tests/test_retention.py -k redis",
+             "(the audit's M11) stream_trim ignores redriven records below the position"),
+    mutation("M18", "6", "lua/stream_trim.lua",
+             "    if pos and pos < cut then cut = pos end\n", "",
+             "tests/test_retention.py -k redis",
+             "safe retention trims past a group's position"),
+    # ---- 7. idempotent producer
+    mutation("M19", "7", "lua/publish.lua",
+             "      if seq == last then\n", "      if seq == last + 1000000 then\n",
+             f"tests/test_producer.py {G} -k 'redis and (lost or test_7)'",
+             "a re-send of the last sequence is refused instead of answered from the shard's memory"),
+    mutation("M20", "7", "lua/publish.lua",
+             "      elseif seq < last then\n", "      elseif false then\n",
+             "tests/test_producer.py -k 'redis and sequence'",
+             "an older sequence is not refused"),
+    mutation("M9", "7", "felix_redis/protocol.py",
+             "            return bool(op.args[1])  # a producer id", "            return True  # a producer id",
+             f"{TRANSPORT} -k 'sync and plain'",
+             "(the audit's M9) a plain publish without a producer is taken as safe to retry"),
+    mutation("M21", "7", "felix_redis/protocol.py",
+             '"group_poll", "group_ack", "group_configure", "group_discard",',
+             '"group_poll", "group_ack", "group_configure", "group_discard", "group_nack",',
+             f"{TRANSPORT} -k 'sync and nack'",
+             "a nack is taken as safe to retry (sent again after a lost reply)"),
+    mutation("M22", "7", "felix_redis/protocol.py",
+             "        if not (self.safe or exc.unsent):", "        if not self.safe:",
+             f"{TRANSPORT} -k 'sync and refused'",
+             "a call that was certainly not sent is not sent again"),
+    mutation("M23", "7", "felix_redis/client.py",
+             "                                unsent=True)", "                                unsent=False)",
+             f"{TRANSPORT} -k 'sync and READONLY'",
+             "a refusal reply (READONLY...) is taken for a lost reply", nth=1),
+    mutation("M24", "7", "felix_redis/protocol.py",
+             "            yield Sleep(0.05 + random.random() * 0.1)\n            return (yield op)",
+             "            raise exc",
+             "tests/test_producer.py -k 'redis and lost'",
+             "an idempotent publish whose reply was lost is not sent again"),
+    # ---- 8. server time
+    mutation("M25", "8", "lua/includes/prelude.lua",
+             "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+             "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 3600000",
+             f"{G} -k 'test_8 and redis'",
+             "scripts read a clock an hour off the server's TIME"),
+    mutation("M26", "8", "felix_redis/models.py",
+             "        return ms_to_datetime(self.published_ms)",
+             "        import time\n        return ms_to_datetime(int(time.time() * 1000))",
+             f"{G} -k 'test_8'",
+             "published_at comes from the client's clock"),
+    # ---- 9. one atomic script, bad input refused before anything is written
+    mutation("M27", "9", "lua/includes/prelude.lua",
+             "  if t ~= 'none' and t ~= want then\n", "  if false then\n",
+             f"{G} -k 'test_9_wrong and redis'",
+             "a key of the wrong type is not refused up front"),
+    mutation("M28", "9", "lua/group_discard.lua",
+             "    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 then\n",
+             "    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 and false then\n",
+             f"{G} -k 'test_4_discard and redis'",
+             "discard of a list with a record that is not a dead letter discards the others"),
+    mutation("M29", "9", "felix_redis/keys.py",
+             "    if not _NAME_RE.fullmatch(value):", "    if False:",
+             f"{G} -k 'test_9_bad_names and redis'",
+             "bad names are not refused"),
+    # ---- 10. consistency quorum / all
+    mutation("M30", "10", "felix_redis/protocol.py",
+             "        return replication // 2\n", "        return 0\n",
+             "tests/test_consistency.py -k 'not sentinel'",
+             "a quorum write does not WAIT for replicas"),
+    # ---- features the guarantees rest on
+    mutation("M31", "ack", "lua/group_ack.lua",
+             "return out", "for i = 1, #out do out[i] = 1 end\nreturn out",
+             "tests/test_groups.py -k 'redis and ack'",
+             "an ack of a finished record says it acked it"),
+    mutation("M32", "extend", "lua/group_extend.lua",
+             "local expiry = now + (by or S.vt)", "local expiry = now + S.vt",
+             "tests/test_groups.py -k 'redis and extend'",
+             "extend ignores its by="),
+    mutation("M33", "long poll", "lua/group_nack.lua",
+             "  wake(K, S)\n", "",
+             "tests/test_long_poll.py -k 'redis and nack'",
+             "a nack does not wake long-polling consumers"),
+    mutation("M34", "retention", "lua/group_poll.lua",
+             "      S.trimmed = S.trimmed + 1\n", "",
+             "tests/test_retention.py -k 'redis and bounded'",
+             "bounded retention does not count an owed record it trimmed"),
+    mutation("M35", "dead letter", "lua/group_discard.lua",
+             "count = count + redis.call('HDEL', K.dead, m)", "count = count + 1",
+             f"{G} -k 'test_4_discard and redis'",
+             "discard counts the dead letters but leaves them"),
+    mutation("M37", "7", "felix_redis/asyncio.py",
+             "                retrying = retrying or Retrying(op, self.core.retry_for)\n",
+             "                raise\n",
+             f"{TRANSPORT} -k 'async and (after or refused)'",
+             "the asyncio client never sends a call again (safe, or certainly not sent)"),
+    mutation("M38", "7", "felix_redis/client.py",
+             "        state.sequences[slot] = op.args[2]\n", "",
+             "tests/test_producer.py -k 'redis and dense'",
+             "a producer's quick publish does not move its sequence on: the next is taken for a re-send"),
+    mutation("M36", "worker", "felix_redis/worker.py",
+             "                self._group.extend(job.item)\n", "                pass\n",
+             "tests/test_worker.py -k extended",
+             "the worker never extends the leases of running handlers"),
+]
+
+
+# ------------------------------------------------------------------------- running
+
+
+@dataclass
+class Result:
+    mutation: Mutation
+    outcome: str  # killed, SURVIVED, stale, error, timeout
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Copy:
+    """A copy of the tracked files in a temporary directory."""
+
+    root: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def tracked_files() -> list[str]:
+    done = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    return [p for p in done.stdout.decode().split("\0") if p]
+
+
+def make_copy(files: list[str], into: Path) -> Copy:
+    for rel in files:
+        src = ROOT / rel
+        if not src.is_file():  # deleted in the working tree
+            continue
+        dst = into / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    return Copy(into)
+
+
+def environment(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def check_copy_is_what_runs(copy: Path) -> None:
+    """Python started as the runs are imports felix_redis, felixctl and the tests'
+    helpers from the copy, not from the working tree (an editable install would)."""
+    probe = ("import felix_redis, felixctl, tests.conftest, felix_redis.scripts as s; "
+             "print(felix_redis.__file__); print(felixctl.__file__); print(tests.conftest.__file__); "
+             "print(s.lua_dir())")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=environment(copy),
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SystemExit(f"mutate: the copy does not import: {done.stderr.strip()}")
+    for line in done.stdout.split():
+        if not Path(line).resolve().is_relative_to(copy.resolve()):
+            raise SystemExit(f"mutate: {line} is imported from outside the copy {copy}; refusing to run")
+
+
+def run_pytest(copy: Path, tests: str, timeout: float) -> tuple[int | None, str]:
+    """(pytest's exit code, or None on a timeout; the tail of its output)."""
+    args = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile", "mutate",
+            *shlex.split(tests)]
+    proc = subprocess.Popen(args, cwd=copy, env=environment(copy), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        # SIGINT first: pytest runs its fixtures' teardown (servers it started stop)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate(timeout=30)
+        return None, out
+
+
+def run_one(copy: Copy, m: Mutation, timeout: float) -> Result:
+    target = copy.root / m.path
+    with copy.lock:
+        pristine = target.read_text()
+        try:
+            mutated = m.apply(pristine)
+        except ValueError as exc:
+            return Result(m, "stale", 0.0, str(exc))
+        start = time.monotonic()
+        target.write_text(mutated)
+        try:
+            code, out = run_pytest(copy.root, m.tests, timeout)
+        finally:
+            target.write_text(pristine)
+        took = time.monotonic() - start
+    tail = "\n".join(out.strip().splitlines()[-3:])
+    if code is None:
+        return Result(m, "timeout", took, tail)
+    outcome = {0: "SURVIVED", 1: "killed"}.get(code, "error")
+    return Result(m, outcome, took, tail if outcome != "killed" else _first_failure(out))
+
+
+def _first_failure(out: str) -> str:
+    for line in out.splitlines():
+        if line.startswith("FAILED ") or line.startswith("ERROR "):
+            return line[:160]
+    return ""
+
+
+def table(results: list[Result]) -> str:
+    rows = [("id", "G", "file", "result", "secs", "what")]
+    rows += [(r.mutation.id, r.mutation.guarantee, r.mutation.path, r.outcome, f"{r.seconds:.0f}", r.mutation.what)
+             for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < 5 else cell for i, cell in enumerate(row)) for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutations only")
+    parser.add_argument("--list", action="store_true", help="list the mutations and whether each applies")
+    parser.add_argument("--jobs", type=int, default=1, help="mutations run at once, each in its own copy")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutation (default 600)")
+    args = parser.parse_args(argv)
+
+    chosen = MUTATIONS
+    if args.only:
+        unknown = set(args.only) - {m.id for m in MUTATIONS}
+        if unknown:
+            parser.error(f"no such mutation: {', '.join(sorted(unknown))}")
+        chosen = [m for m in MUTATIONS if m.id in args.only]
+    if len({m.id for m in MUTATIONS}) != len(MUTATIONS):
+        raise SystemExit("mutate: two mutations share an id")
+
+    if args.list:
+        stale = 0
+        for m in chosen:
+            try:
+                m.apply((ROOT / m.path).read_text())
+                state = "applies"
+            except (ValueError, OSError) as exc:
+                state, stale = f"STALE: {exc}", stale + 1
+            print(f"{m.id:5} G{m.guarantee:11} {m.path:28} {state}\n      {m.what}\n      pytest {m.tests}")
+        return 1 if stale else 0
+
+    started = time.monotonic()
+    files = tracked_files()
+    with tempfile.TemporaryDirectory(prefix="felix-mutate-") as tmp:
+        copies = []
+        for i in range(max(1, args.jobs)):
+            copies.append(make_copy(files, Path(tmp) / f"tree{i}"))
+        check_copy_is_what_runs(copies[0].root)
+        print(f"mutate: {len(chosen)} mutations, {len(copies)} cop{'y' if len(copies) == 1 else 'ies'} under {tmp}",
+              flush=True)
+        results: list[Result] = []
+        free = list(copies)
+        free_lock = threading.Lock()
+
+        def work(m: Mutation) -> Result:
+            with free_lock:
+                copy = free.pop()
+            try:
+                result = run_one(copy, m, args.timeout)
+            finally:
+                with free_lock:
+                    free.append(copy)
+            first = result.detail.splitlines()[0] if result.detail else ""
+            print(f"  {m.id:5} {result.outcome:8} {result.seconds:5.0f}s  {first}", flush=True)
+            return result
+
+        with concurrent.futures.ThreadPoolExecutor(len(copies)) as pool:
+            results = list(pool.map(work, chosen))
+    print()
+    print(table(results))
+    counts = {o: sum(r.outcome == o for r in results) for o in ("killed", "SURVIVED", "stale", "error", "timeout")}
+    print(f"\n{counts['killed']} of {len(results)} killed; " + ", ".join(f"{n} {o}" for o, n in counts.items()
+                                                                        if o != "killed" and n)
+          + f" ({time.monotonic() - started:.0f} s)")
+    for r in results:
+        if r.outcome not in ("killed",):
+            print(f"\n{r.mutation.id} {r.outcome}: {r.mutation.what}\n{r.detail}")
+    return 0 if counts["killed"] == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
