@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from redis.exceptions import (
     AskError,
     AuthenticationError,
+    BusyLoadingError,
     ClusterError,
     ReadOnlyError,
     RedisClusterException,
@@ -62,9 +63,9 @@ __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription
 T = TypeVar("T")
 
 #: redis-py exceptions that mean "this node cannot take the call now": a failover,
-#: a cluster re-sharding or a restart is under way. The driver treats them like a lost
-#: connection (retried when the operation is safe to repeat).
-UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, ReadOnlyError)
+#: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
+#: the driver sends it again whatever it does (ConnectionFailed with ``unsent``).
+UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, ReadOnlyError, BusyLoadingError)
 
 
 def translate(exc: Exception, op: Op, server: str) -> Exception:

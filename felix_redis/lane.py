@@ -6,8 +6,10 @@ system call) and records metrics, both ways. On a loopback Redis that is a fifth
 script call's round trip (``bench/roundtrip.py``). A client's script calls (``FCALL`` /
 ``EVALSHA``: publish, poll, ack and the rest; never a blocking read) go instead through
 one connection the client borrowed once and keeps: the *lane*. It is used by one call at
-a time; a call that finds it busy (another thread's, or another task's) goes through the
-pool as before, so nothing ever waits for the lane.
+a time; a call that finds it busy (another thread's, or another task's) borrows a
+connection from the pool for that one call (:func:`pool_call`), so nothing ever waits
+for the lane. On Redis Cluster, where there is no lane, a call borrows a connection of
+the node serving its slot the same way.
 
 What the pool's checks guarded against is handled here:
 
@@ -20,15 +22,21 @@ What the pool's checks guarded against is handled here:
   checkout, whether anything is waiting on it (a closed socket reads as such) and
   reconnects if so; a call is never sent on a connection known to be dead;
 - a fork: a child process never uses its parent's lane connection, it borrows its own;
-- lost connections: the call goes through the connection's own ``retry`` (redis-py's
-  ``Retry``: the same attempts and backoff ``execute_command`` makes), disconnecting
-  before each new attempt.
+- lost connections: one attempt, never redis-py's own ``retry`` (which would send a
+  call that is not safe to repeat a second time after its reply was lost). A call that
+  could not get a connection at all raises :class:`NotSent`, so the client knows it may
+  send it again whatever it does; any other failure drops the connection and raises
+  redis-py's ``ConnectionError``/``TimeoutError``, and the client decides
+  (``felix_redis.protocol.Retrying``).
+- Sentinel: a connection connects through its class's own ``connect()``, which asks the
+  sentinels for the primary (``send_command`` would dial the address it had before, a
+  dead primary's after a failover); a connection still on a primary that the sentinels
+  have since replaced (the pool learned the new address) is dropped before the next
+  call, as the pool drops its idle ones; a READONLY reply (the primary was demoted)
+  drops the connection too, as Sentinel's connection class does, but stays a READONLY
+  error: the call did not run.
 
-- Sentinel: a connection still on a primary that the sentinels have since replaced
-  (the pool learned the new address) is dropped before the next call, as the pool
-  drops its idle ones.
-
-Not used for Redis Cluster (``RedisCluster`` routes every call by slot), ``memory://``
+Not used for Redis Cluster (every call goes to its slot's node), ``memory://``
 (fakeredis), single-connection clients, RESP3 clients (``protocol=3``: their pushes are
 redis-py's to handle), client-side caching, nor pools of fewer than 4 connections (each
 client's lane holds one of them, so several clients on one small pool would take them
@@ -39,7 +47,7 @@ reply read by the connection's own parser (:func:`_send_read`): the layers redis
 around them (its packer's argument checks, the health-check and error-wrapping calls)
 cost about a sixth of a loopback round trip. Their effects are kept: a connection with
 health checks, another parser or another text encoding takes redis-py's own path, and a
-failure drops the connection and raises the error redis-py would, for its retries.
+failure drops the connection and raises the error redis-py would.
 
 The synchronous lane borrows its connection from the pool (and gives it back on
 ``close()`` or when the client is garbage-collected). The asyncio lane makes a

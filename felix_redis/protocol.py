@@ -598,7 +598,7 @@ class Core:
         # Every shard validates first (check=1 writes nothing; it answers 1 for a shard
         # it would create), so a refusal on any shard leaves no shard behind.
         new = []
-        for shard in reversed(range(shards)):
+        for shard in range(shards):  # shard 0 first: it says how an existing stream differs
             args[2] = shard
             if (yield Eval("stream_create", name.shard_keys(shard), list(args), f"stream {name.path} shard {shard}")):
                 new.append(shard)
