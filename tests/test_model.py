@@ -423,8 +423,20 @@ class GroupMachine(RuleBasedStateMachine):
         of a record delivered and unfinished now (the boundary where it may not be
         delivered again)."""
         delivered = self.where(State.OWED, State.LAPSED, State.IN_FLIGHT)
-        boundary = {a for s, o in delivered if (a := self.model[s].records[o].attempts)}  # a redriven one has 0
-        max_attempts = data.draw(st.sampled_from([None, 1, 2, 3, 4, *sorted(boundary)]))
+        boundary = sorted({a for s, o in delivered if (a := self.model[s].records[o].attempts)})  # redriven: 0
+        self.configure_group(data.draw(st.sampled_from([None, 1, 2, 3, 4, *boundary])), vt_ms)
+
+    @precondition(lambda self: any(self.model[s].records[o].attempts for s, o in self.where(State.OWED, due=True)))
+    @rule(data=st.data())
+    @step
+    def lower_max_attempts_to_a_due_record(self, data: st.DataObject) -> None:
+        """group_configure sets max attempts to the attempts of a record owed and due:
+        the next poll that meets it makes it a dead letter instead of delivering it."""
+        due = [(s, o) for s, o in self.where(State.OWED, due=True) if self.model[s].records[o].attempts]
+        s, o = data.draw(st.sampled_from(due))
+        self.configure_group(self.model[s].records[o].attempts, None)
+
+    def configure_group(self, max_attempts: int | None, vt_ms: int | None) -> None:
         leases = [self.raw.zrange(self.key(s, LEASE), 0, -1, withscores=True) for s in range(len(self.model))]
         self.client.group_configure(T, N, S, G, visibility_timeout_ms=vt_ms, max_attempts=max_attempts)
         assert [self.raw.zrange(self.key(s, LEASE), 0, -1, withscores=True) for s in range(len(self.model))] == leases
