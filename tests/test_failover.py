@@ -68,11 +68,13 @@ def _run_until_after_fault(workload: Workload, before: int, after: int, timeout:
 
 
 def test_sentinel_failover_quorum_stream(record_property: Any) -> None:
-    """(1) SIGKILL the primary of a quorum stream (replication 2: primary + 1 replica)
-    while 2 producers and 3 workers run; Sentinel promotes the replica, the old primary
-    comes back as its replica, the workload finishes and nothing acknowledged is lost."""
-    # No 5 s diskless-sync delay: the returning node gets its full sync at once.
-    topology = SentinelTopology(replicas=1, sentinels=3, extra=FAST_SYNC)
+    """(1) SIGKILL the primary of a quorum stream (replication 2: a majority is the
+    primary and 1 replica) while 2 producers and 3 workers run; Sentinel promotes one of
+    the 2 replicas and points the other at it. The dead node stays dead; every client
+    (the workload's and this one) is the one made before the fault, on the same URL; the
+    workload finishes and nothing acknowledged is lost."""
+    # No 5 s diskless-sync delay: the remaining replica resyncs with the new primary at once.
+    topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC)
     workload: Workload | None = None
     started = time.monotonic()
     try:
@@ -86,25 +88,22 @@ def test_sentinel_failover_quorum_stream(record_property: Any) -> None:
 
         killed_at = time.monotonic()
         victim = topology.kill_primary()
-        host, port = topology.wait_for_failover(timeout=20)
+        topology.wait_for_failover(timeout=20)
         promoted_after = time.monotonic() - killed_at
-        # The promoted replica has no replica of its own: quorum writes raise
-        # NotReplicated until the old primary is back as a replica of the new one.
-        # Sentinel would convert it after its next 10 s INFO round; restart it the way
-        # an orchestrator does, pointed at the new primary.
-        victim.extra += ["--replicaof", host, str(port)]
-        victim.start()
-        _wait_replica_online(topology.primary.port, timeout=20)
-        replica_back_after = time.monotonic() - killed_at
+        # Quorum writes raise NotReplicated until the sentinels have pointed the other
+        # replica at the new primary and it synced: nothing is restarted for that.
+        _wait_replica_online(topology.primary.port, timeout=30)
+        replica_moved_after = time.monotonic() - killed_at
 
         _run_until_after_fault(workload, before, 300, 30)
         wait_drained(client, T, N, S, G, timeout=30)
         workload.stop()
         report = check(client, T, N, S, G, workload.published, workload.deliveries, max_attempts=5)
         _report(record_property, "sentinel", report, workload,
-                promoted_after_s=f"{promoted_after:.1f}", replica_back_after_s=f"{replica_back_after:.1f}",
+                promoted_after_s=f"{promoted_after:.1f}", replica_moved_after_s=f"{replica_moved_after:.1f}",
                 total_s=f"{time.monotonic() - started:.1f}")
         assert report.published >= before + 300
+        assert victim.process is None or victim.process.poll() is not None, "the dead primary came back"
         client.close()
     finally:
         if workload is not None:
@@ -148,8 +147,11 @@ def test_restart_with_aof(fsync: str, record_property: Any) -> None:
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is needed to form a cluster")
 def test_cluster_failover_quorum_stream(record_property: Any) -> None:
     """(3) SIGKILL a cluster primary that holds shards of a quorum stream under load;
-    its replica takes over. The other primaries' shards keep working meanwhile."""
-    topology = ClusterTopology(primaries=3, replicas_per_primary=1, extra=FAST_SYNC)
+    one of its 2 replicas takes over and the other follows it, so its shards' quorum
+    writes are confirmed again with the dead node still dead. The other primaries'
+    shards keep working meanwhile; every client is the one made before the fault, on
+    the same URL (which names the dead node)."""
+    topology = ClusterTopology(primaries=3, replicas_per_primary=2, extra=FAST_SYNC)
     workload: Workload | None = None
     try:
         topology.start()
@@ -166,19 +168,19 @@ def test_cluster_failover_quorum_stream(record_property: Any) -> None:
         killed_at = time.monotonic()
         new_port = topology.failover(victim_port, hard=True, timeout=30)
         promoted_after = time.monotonic() - killed_at
-        # Bring the dead node back: the cluster makes it a replica of the new primary,
-        # so quorum writes on its shards are confirmed again.
-        topology.node(victim_port).start()
+        # The victim's other replica follows the new primary (the cluster does that):
+        # quorum writes on its shards are confirmed again, the dead node left dead.
         _wait_replica_online(new_port, timeout=30)
-        replica_back_after = time.monotonic() - killed_at
+        replica_moved_after = time.monotonic() - killed_at
 
         _run_until_after_fault(workload, before, 300, 40)
         wait_drained(client, T, N, S, G, timeout=30)
         workload.stop()
         report = check(client, T, N, S, G, workload.published, workload.deliveries, max_attempts=5)
         _report(record_property, "cluster", report, workload, killed=victim_port, promoted=new_port,
-                promoted_after_s=f"{promoted_after:.1f}", replica_back_after_s=f"{replica_back_after:.1f}")
+                promoted_after_s=f"{promoted_after:.1f}", replica_moved_after_s=f"{replica_moved_after:.1f}")
         assert report.published >= before + 300
+        assert not topology.alive(victim_port), "the dead primary came back"
         client.close()
     finally:
         if workload is not None:

@@ -132,36 +132,41 @@ def test_1_records_of_a_crashed_client_come_back(client: Client, backend: tuple[
 
 @needs_redis
 def test_1_state_survives_a_redis_restart_and_unfinished_records_come_back() -> None:
+    """SIGKILL and restart (AOF, fsync always) under the same client and producer
+    objects, on the same URL: the state is back and unfinished records come back."""
     extra = ["--appendonly", "yes", "--appendfsync", "always"]
     with RedisServer(persistence=True, extra=extra) as server:
         c = felix_redis.connect(server.url)
-        make(c, records=20, visibility_timeout_ms=300, max_attempts=5)
-        producer = c.idempotent_producer()
-        assert producer.publish(T, N, S, b"idem", shard=0) == Published(0, 20)
-        records = poll(c, 10)
-        c.group_ack_many(T, N, S, 0, G, records[:5])
-        c.group_nack(T, N, S, 0, G, records[5])
-        c.group_dead_letter(T, N, S, 0, G, records[6], reason="bad")
-        before = state(c)
-        c.close()
+        try:
+            make(c, records=20, visibility_timeout_ms=300, max_attempts=5)
+            producer = c.idempotent_producer()
+            assert producer.publish(T, N, S, b"idem", shard=0) == Published(0, 20)
+            records = poll(c, 10)
+            c.group_ack_many(T, N, S, 0, G, records[:5])
+            c.group_nack(T, N, S, 0, G, records[5])
+            c.group_dead_letter(T, N, S, 0, G, records[6], reason="bad")
+            before = state(c)
 
-        server.restart(hard=True)  # SIGKILL: only what reached the AOF survives
+            server.restart(hard=True)  # SIGKILL: only what reached the AOF survives
 
-        c = felix_redis.connect(server.url)
-        after = state(c)
-        assert (after.position, after.tail, after.dead) == (before.position, before.tail, before.dead) == (5, 21, 1)
-        assert after.owed + after.in_flight == 4
-        # The idempotent producer's last sequence survived too: a re-send lands once.
-        reply = c._run_script("publish", [f"{BASE0}:meta", f"{BASE0}:log"],
-                             ["", producer.id, 1, 3_600_000, b"idem"])
-        assert reply[:2] == [20, 1] and reply[3] == 1
-        time.sleep(0.35)  # the leases granted before the restart lapse
-        got = drain(c)
-        assert sorted(seen(got)[:4]) == [(5, 2), (7, 2), (8, 2), (9, 2)]  # redeliveries first
-        assert seen(got)[4:] == [(off, 1) for off in range(10, 21)]
-        assert [d.offset for d in c.group_dead_letters(T, N, S, 0, G)] == [6]
-        assert state(c).position == 21
-        c.close()
+            # the same client, whose connections died with the server
+            after = state(c)
+            assert (after.position, after.tail, after.dead) == (before.position, before.tail, before.dead) == (5, 21, 1)
+            assert after.owed + after.in_flight == 4
+            # The idempotent producer's last sequence survived too: a re-send lands once,
+            # and the same producer's next publish is a new record.
+            reply = c._run_script("publish", [f"{BASE0}:meta", f"{BASE0}:log"],
+                                 ["", producer.id, 1, 3_600_000, b"idem"])
+            assert reply[:2] == [20, 1] and reply[3] == 1
+            assert producer.publish(T, N, S, b"after", shard=0) == Published(0, 21)
+            time.sleep(0.35)  # the leases granted before the restart lapse
+            got = drain(c)
+            assert sorted(seen(got)[:4]) == [(5, 2), (7, 2), (8, 2), (9, 2)]  # redeliveries first
+            assert seen(got)[4:] == [(off, 1) for off in range(10, 22)]
+            assert [d.offset for d in c.group_dead_letters(T, N, S, 0, G)] == [6]
+            assert state(c).position == 22
+        finally:
+            c.close()
 
 
 # ---------------------------------------------------------------------- 2. one holder

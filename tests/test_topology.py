@@ -323,43 +323,52 @@ def _connect(url: str) -> object:
     return connect(url)
 
 
-def test_felix_client_survives_a_sentinel_failover(sentinel_topology: SentinelTopology) -> None:
-    t = sentinel_topology
-    client: Any = _connect(t.url)
-    client.stream_create(T, N, "orders", replication=2, consistency="quorum")
-    client.group_create(T, N, "orders", "workers")
-    sent = [client.publish(T, N, "orders", f"job-{i}".encode()).offset for i in range(5)]
-    assert sent == [0, 1, 2, 3, 4]
-    (first,) = client.group_poll(T, N, "orders", 0, "workers", max_records=1)
-    client.group_ack(T, N, "orders", 0, "workers", first)
+def test_felix_client_survives_a_sentinel_failover() -> None:
+    """The user's situation: the client made before the crash, its URL unchanged, the
+    dead primary left dead. With 2 replicas the sentinels promote one and point the
+    other at it, so a quorum stream (replication 2) is written again without anyone
+    restarting anything."""
+    with SentinelTopology(replicas=2) as t:
+        client: Any = _connect(t.url)
+        try:
+            client.stream_create(T, N, "orders", replication=2, consistency="quorum")
+            client.group_create(T, N, "orders", "workers")
+            sent = [client.publish(T, N, "orders", f"job-{i}".encode()).offset for i in range(5)]
+            assert sent == [0, 1, 2, 3, 4]
+            (first,) = client.group_poll(T, N, "orders", 0, "workers", max_records=1)
+            client.group_ack(T, N, "orders", 0, "workers", first)
 
-    old = t.kill_primary()
-    t.wait_for_failover(timeout=FAILOVER_BOUND_S)
-    # quorum needs a replica again: the sentinels turn the old primary into one. They
-    # notice it is back at their next INFO of it, which Sentinel sends every 10 s, and
-    # then it syncs: on a loaded 2-core machine that took over 20 s one run in three.
-    old.start()
-    t.wait_replicas_synced(timeout=REJOIN_BOUND_S)
-    after: Any = _connect(t.url)
-    records = after.group_poll(T, N, "orders", 0, "workers", max_records=10)
-    assert [r.payload for r in records] == [f"job-{i}".encode() for i in range(1, 5)]
-    assert after.publish(T, N, "orders", b"job-5").offset == 5
+            old = t.kill_primary()
+            t.wait_for_failover(timeout=FAILOVER_BOUND_S)
+            # the other replica follows the new primary (the sentinels reconfigure it)
+            t.wait_replicas_synced(timeout=REJOIN_BOUND_S)
+            records = client.group_poll(T, N, "orders", 0, "workers", max_records=10)
+            assert [r.payload for r in records] == [f"job-{i}".encode() for i in range(1, 5)]
+            assert client.publish(T, N, "orders", b"job-5").offset == 5
+            assert not _answers(old.port), "the dead primary came back"
+        finally:
+            client.close()
 
 
 @needs_cli
 def test_felix_client_over_a_cluster_failover(cluster_topology: ClusterTopology) -> None:
+    """The client made before the crash, on the URL that still names the dead node
+    (first): it finds the promoted replica and every shard's record."""
     t = cluster_topology
     client: Any = _connect(t.url)
-    shards = 6
-    client.stream_create(T, N, "orders", shards=shards)
-    client.group_create(T, N, "orders", "workers")
-    for shard in range(shards):
-        assert client.publish(T, N, "orders", f"s{shard}".encode(), shard=shard).offset == 0
-    t.wait_replicas_synced()
-    t.failover(t.primary_ports()[0], hard=True, timeout=FAILOVER_BOUND_S)
-
-    live = ",".join(f"127.0.0.1:{p}" for p in t.ports if t.alive(p))
-    after: Any = _connect(f"redis+cluster://{live}")
-    for shard in range(shards):
-        (record,) = after.group_poll(T, N, "orders", shard, "workers", max_records=4)
-        assert (record.shard, record.offset, record.payload) == (shard, 0, f"s{shard}".encode())
+    try:
+        shards = 6
+        client.stream_create(T, N, "orders", shards=shards)
+        client.group_create(T, N, "orders", "workers")
+        for shard in range(shards):
+            assert client.publish(T, N, "orders", f"s{shard}".encode(), shard=shard).offset == 0
+        t.wait_replicas_synced()
+        victim = t.primary_ports()[0]
+        t.failover(victim, hard=True, timeout=FAILOVER_BOUND_S)
+        assert not t.alive(victim)
+        for shard in range(shards):
+            (record,) = client.group_poll(T, N, "orders", shard, "workers", max_records=4)
+            assert (record.shard, record.offset, record.payload) == (shard, 0, f"s{shard}".encode())
+        assert client.publish(T, N, "orders", b"after", shard=0).offset == 1
+    finally:
+        client.close()
