@@ -296,10 +296,11 @@ def test_sub_follow_prints_new_records(felixctl: Run, url: str) -> None:
             c.publish(*W, b"new-1")
             c.publish(*W, b"new-2")
 
-    thread = threading.Thread(target=later)
+    thread = threading.Thread(target=later, daemon=True)
     thread.start()
     out = ok(felixctl("sub", "jobs", "--from", "latest", "--follow", "--max", "2"))
-    thread.join()
+    thread.join(10)
+    assert not thread.is_alive()
     assert out == "0:1\tnew-1\n0:2\tnew-2\n"
 
 
@@ -399,11 +400,12 @@ def test_poll_waits_for_a_record(jobs: Run, url: str) -> None:
         with felix_redis.connect(url) as c:
             c.publish(*W, b"late")
 
-    thread = threading.Thread(target=later)
+    thread = threading.Thread(target=later, daemon=True)
     thread.start()
     started = time.monotonic()
     out = ok(jobs("group", "poll", "jobs", "workers", "--wait-ms", "5000"))
-    thread.join()
+    thread.join(10)
+    assert not thread.is_alive()
     assert out == "0:0:1\tlate\n"
     assert time.monotonic() - started < 4
 

@@ -242,11 +242,12 @@ def test_2_concurrent_pollers_never_share_a_valid_lease(redis_client: Client, re
         finally:
             c.close()
 
-    threads = [threading.Thread(target=work, args=(f"w{i}", i)) for i in range(3)]
+    threads = [threading.Thread(target=work, args=(f"w{i}", i), daemon=True) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    assert not any(t.is_alive() for t in threads), "a poller hung"
     assert not errors, errors
     claims = [(off, att) for off, att, _, _ in deliveries]
     assert len(claims) == len(set(claims)), "one claim handed out twice"

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import multiprocessing
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -116,17 +117,20 @@ def test_threads_sharing_a_client_each_get_their_own_replies(redis_client: felix
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=publisher, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=publisher, args=(i,), daemon=True) for i in range(6)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
     while any(t.is_alive() for t in threads) or len(polled) < 900:
+        assert time.monotonic() < deadline, "the publishers or the polls hung"
         records = redis_client.group_poll(T, N, S, 0, "g", max_records=50)
         redis_client.group_ack_many(T, N, S, 0, "g", records)
         polled.extend(r.offset for r in records)
         if not records and not any(t.is_alive() for t in threads):
             break
     for t in threads:
-        t.join()
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
     assert not errors
     everything = sorted(o for mine in offsets for o in mine)
     assert everything == list(range(900))
@@ -152,8 +156,13 @@ def test_forked_child_uses_its_own_connection(redis_client: felix_redis.Client, 
     out = ctx.Queue()
     child = ctx.Process(target=_child_publishes, args=(id(lane_conn(redis_client)), redis_client, out))
     child.start()
-    status, got = out.get(timeout=30)
-    child.join(30)
+    try:
+        status, got = out.get(timeout=30)
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(10)
     assert status == "ok", got
     assert got == list(range(1, 11))
     # the parent's lane is untouched: same socket, right answers

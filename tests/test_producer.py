@@ -366,11 +366,12 @@ def test_concurrent_plain_publishes_from_threads(client: felix_redis.Client) -> 
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=publisher, args=(n,)) for n in range(8)]
+    threads = [threading.Thread(target=publisher, args=(n,), daemon=True) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads), "a publisher hung"
     assert not errors, errors
     assert len(results) == 320
     assert len(set(results)) == 320
@@ -395,11 +396,12 @@ def test_one_producer_shared_by_threads(client: felix_redis.Client) -> None:
             with lock:
                 offsets.append(offset)
 
-    threads = [threading.Thread(target=publisher) for _ in range(4)]
+    threads = [threading.Thread(target=publisher, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads), "a publisher hung"
     assert sorted(offsets) == list(range(100))
 
 

@@ -210,13 +210,16 @@ def test_reclaim_wakes_other_long_pollers_for_what_it_left_owed(client, backend)
         got.extend(other.group_poll(T, N, S, 0, G, max_records=10, wait=4))
         got.append(time.monotonic())
 
-    thread = threading.Thread(target=long_poll)
+    thread = threading.Thread(target=long_poll, daemon=True)
     thread.start()
-    time.sleep(0.3)
-    start = time.monotonic()
-    (back,) = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, max_records=1)
-    thread.join(10)
-    other.close()
+    try:
+        time.sleep(0.3)
+        start = time.monotonic()
+        (back,) = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, max_records=1)
+        thread.join(10)
+        assert not thread.is_alive(), "the long poll never returned"
+    finally:
+        other.close()
     records, woke = got[:-1], got[-1]
     assert sorted(r.offset for r in records) == sorted({0, 1, 2} - {back.offset})
     assert woke - start < 1.0, f"the other poller woke after {woke - start:.2f}s"

@@ -106,10 +106,12 @@ def test_sentinel_failover_promotes_the_replica(sentinel_topology: SentinelTopol
 
 def test_sentinel_topology_stops_every_process() -> None:
     t = SentinelTopology()
-    t.start()
-    ports = [s.port for s in t.servers] + [p for _, p in t.sentinel_addresses]
-    assert all(_answers(p) for p in ports)
-    t.stop()
+    try:
+        t.start()
+        ports = [s.port for s in t.servers] + [p for _, p in t.sentinel_addresses]
+        assert all(_answers(p) for p in ports)
+    finally:
+        t.stop()
     assert not any(_answers(p) for p in ports)
 
 
