@@ -357,6 +357,7 @@ def test_chaos_short(tmp_path: Path, record_property: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 30 000 jobs, 60 kills: about 2 minutes on 2 CPUs
 def test_chaos_long(tmp_path: Path, record_property: Any) -> None:
     """The long form (``pytest -m slow tests/test_chaos.py``): 6 workers, 60 kills,
     30 000 jobs, a few minutes."""

@@ -520,6 +520,7 @@ def test_group_semantics_match_the_model(url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 2000 examples of 100 steps
 def test_group_semantics_match_the_model_long(url: str, request: pytest.FixtureRequest) -> None:
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("long form: run with -m slow")

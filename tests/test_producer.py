@@ -25,7 +25,12 @@ def tail(client: felix_redis.Client, shard: int = 0) -> int:
 def lose_replies(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch, times: int = 1,
                  land: bool = True) -> list[Any]:
     """The next ``times`` publish scripts run for real (if ``land``) and then their reply
-    is lost: the client sees ConnectionFailed. Returns every op executed."""
+    is lost: the client sees ConnectionFailed. Returns every op executed.
+
+    This patches ``Client._execute``, above the driver's retry loop: it tests the
+    publish plans (a producer's re-send with the same sequence), on memory:// too. The
+    driver's own retries after a lost connection are tested through a proxy that cuts
+    real connections (tests/test_transport_faults.py)."""
     real = client._execute
     ops: list[Any] = []
     left = [times]
