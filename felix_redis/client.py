@@ -253,9 +253,12 @@ class Client:
 
     def _eval(self, op: Eval) -> Any:
         """FCALL (or EVALSHA) on the client's lane (:mod:`felix_redis.lane`) when it is
-        free, else through execute_command; either way with redis-py's own retries,
-        Sentinel and Cluster routing. A server that does not hold the library (or the
-        script) gets it loaded and the call again; see :class:`scripts.Runner`."""
+        free, else on a connection borrowed for it from the pool (on Redis Cluster, the
+        pool of the node serving the key's slot), else (memory://, a pool the lane does
+        not suit) through execute_command. One attempt: :meth:`_execute` decides what is
+        sent again. A server that does not hold the library (or the script) gets it
+        loaded and the call again (see :class:`scripts.Runner`); MOVED/ASK reads the slot
+        map again and sends the call to the node it names."""
         runner, lane = self._runner, self._lane
         for _ in range(3):
             command = runner.command(op.script, op.keys, op.args)
