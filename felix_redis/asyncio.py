@@ -231,8 +231,10 @@ class AsyncClient(_AwaitsToItself):
                 except FelixError as exc:
                     results.append(exc)
             return results
-        run = BatchRun(op, self._runner, self.url)
+        run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         while (commands := run.commands()) is not None:
+            if run.pause:
+                await asyncio.sleep(run.pause)
             pipe = self.redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)

@@ -54,6 +54,7 @@ from felix_redis.protocol import (
     Retrying,
     as_bytes,
     check_list,
+    retry_delays,
     xread_calls,
 )
 from felix_redis.sentinel_watch import SentinelWatch, sentinel_pool
@@ -305,8 +306,10 @@ class Client:
         with WAIT."""
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
             return [_outcome(self._execute_once, e) for e in op.ops]
-        run = BatchRun(op, self._runner, self.url)
+        run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         while (commands := run.commands()) is not None:
+            if run.pause:
+                time.sleep(run.pause)
             pipe = self.redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
@@ -745,26 +748,33 @@ class BatchRun:
     """The driver-independent part of running a Batch as one pipeline of plain FCALL
     (or EVALSHA) commands: the commands to send, and what the replies mean. Calls that
     did not run because the server lacks the library or script are sent again once it
-    is loaded; calls refused FCALL are sent again as EVALSHA (see :class:`scripts.Runner`)."""
+    is loaded; calls refused FCALL are sent again as EVALSHA (see :class:`scripts.Runner`);
+    calls a failover or restart refused (READONLY, LOADING, ...: they did not run) are
+    sent again after :attr:`pause`, for ``retry_for`` seconds, as a single call would be."""
 
-    def __init__(self, op: Batch, runner: scripts.Runner, url: str) -> None:
+    def __init__(self, op: Batch, runner: scripts.Runner, url: str, retry_for: float = 0.0) -> None:
         self.op, self.runner, self.url = op, runner, url
         self.results: list[Any] = [None] * len(op.ops)
         self.todo: list[int] = list(range(len(op.ops)))
         self.rounds = 0
+        #: seconds the driver waits before sending the next round (refused calls)
+        self.pause = 0.0
+        self._delays = retry_delays(retry_for)
 
     def commands(self) -> list[tuple[Any, ...]] | None:
         """The commands of the next round, or None when every call has its reply."""
         if not self.todo:
             return None
-        self.rounds += 1
-        if self.rounds > 4:
-            raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
+        if not self.pause:
+            self.rounds += 1
+            if self.rounds > 4:
+                raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
         return [self.runner.command(e.script, e.keys, e.args) for e in (self.op.ops[i] for i in self.todo)]
 
     def take(self, replies: list[Any]) -> set[str]:
         """Records the replies; returns the names of the scripts to load first."""
         again, load = [], set()
+        pause: float | None = None  # this round's, taken when the first call was refused
         for i, reply in zip(self.todo, replies, strict=True):
             if self.runner.missing(reply):
                 again.append(i)
@@ -772,7 +782,14 @@ class BatchRun:
             elif self.runner.refused(reply):
                 again.append(i)
             else:
-                self.results[i] = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
+                result = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
+                if isinstance(result, ConnectionFailed) and result.unsent:
+                    pause = next(self._delays, None) if pause is None else pause
+                    if pause is not None:
+                        again.append(i)  # it did not run: once more, after the pause
+                        continue
+                self.results[i] = result
+        self.pause = pause or 0.0
         self.todo = again
         return load
 

@@ -191,8 +191,8 @@ class Lane:
         conn = self.conn
         if conn is None or self._held[1] != os.getpid():
             # first use, or a forked child: borrow a connection of this process (the
-            # parent's stays the parent's)
-            conn = self.pool.get_connection()
+            # parent's stays the parent's); none to be had: NotSent
+            conn = borrow(self.pool)
             self._held[:] = [conn, os.getpid()]
             if not self._finalizer.alive:  # used again after close()
                 self._finalizer = weakref.finalize(self, _give_back, self.pool, self._held)

@@ -134,12 +134,13 @@ Plan = Generator[Op, Any, T]
 
 #: Scripts a client may run again after a connection failure or failover without
 #: changing the outcome: reads, idempotent writes (ack, create with the same settings,
-#: configure, discard) and polls (a poll whose reply was lost leaves leases that lapse,
-#: so those records are redelivered later: delayed, never lost). Publishing is safe
-#: only with a producer (a re-send is answered from the shard's memory).
+#: configure) and polls (a poll whose reply was lost leaves leases that lapse, so those
+#: records are redelivered later: delayed, never lost). Publishing is safe only with a
+#: producer (a re-send is answered from the shard's memory). Not discard: sent again,
+#: it finds the records discarded already and refuses them as not dead letters.
 RETRY_SAFE_SCRIPTS = frozenset({
     "stream_info", "stream_read", "stream_create", "stream_trim", "group_describe", "group_dead_letters",
-    "group_poll", "group_ack", "group_configure", "group_discard",
+    "group_poll", "group_ack", "group_configure",
 })
 RETRY_SAFE_COMMANDS = frozenset({
     "INFO", "EXISTS", "TYPE", "SCAN", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",

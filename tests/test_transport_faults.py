@@ -63,23 +63,12 @@ REFUSALS = {
 }
 MODES = [*LOST, "refused", "LOADING", "READONLY"]
 
-#: A LOADING reply (a restarted server still reading its data) is raised by redis-py as
-#: BusyLoadingError, a ConnectionError; the client takes it for a lost connection after
-#: sending, so an operation that is not safe to repeat raises OutcomeUnknown although
-#: the call certainly did not run (it should be sent again, like READONLY).
-LOADING_BUG = ("library bug: a LOADING reply (redis-py BusyLoadingError, a ConnectionError) is not "
-               "recognised as a refusal (felix_redis.client.translate); an unsafe call raises "
-               "OutcomeUnknown instead of being sent again")
-#: group_discard is in RETRY_SAFE_SCRIPTS, but with a list of offsets it is not: sent
-#: again after a lost reply it finds the records discarded and raises NotFound.
-DISCARD_BUG = ("library bug: group_discard(offsets=[...]) is sent again after a lost reply "
-               "(felix_redis.protocol.RETRY_SAFE_SCRIPTS) and then raises NotFound ('not a dead letter') "
-               "although the discard took effect")
-#: A refusal reply to one call of a pipeline (Batch) is a result, not a raised error:
-#: the Batch is not sent again, and ack_sharded raises it.
-BATCH_REFUSAL_BUG = ("library bug: a refusal reply (READONLY...) to a call inside a Batch (pipeline) becomes "
-                     "that call's result (BatchRun.take) instead of sending the call again; "
-                     "ShardedGroup.ack_many raises ConnectionFailed(unsent=True)")
+#: Bugs these tests found, fixed since: a LOADING reply (redis-py's BusyLoadingError, a
+#: ConnectionError) was taken for a lost connection, so an unsafe call raised
+#: OutcomeUnknown though it never ran; group_discard with offsets was sent again after a
+#: lost reply and then refused them as no longer dead letters (it is not safe to repeat);
+#: a refusal reply to one call of a pipeline became that call's result instead of being
+#: sent again; a refused connect on the lane's first call was not taken for "not sent".
 
 
 # ----------------------------------------------------------------------- the world
@@ -343,10 +332,10 @@ CASES = [
     Case("group_redrive(all)", "group_redrive", False, dead,
          lambda env, r: env.c.group_redrive(T, N, S, 0, G),
          effect=lambda env, r: env.shard().owed),
-    Case("group_discard", "group_discard", True, dead,
+    Case("group_discard", "group_discard", False, dead,
          lambda env, r: env.c.group_discard(T, N, S, 0, G, [0]),
          effect=lambda env, r: 1 - env.shard().dead),
-    Case("group_discard(all)", "group_discard", True, dead,
+    Case("group_discard(all)", "group_discard", False, dead,
          lambda env, r: env.c.group_discard(T, N, S, 0, G),
          effect=lambda env, r: 1 - env.shard().dead),
     # -- reading the log
@@ -379,15 +368,7 @@ def _cases() -> Iterator[Any]:
     for flavour in ("sync", "async"):
         for case in CASES:
             for mode in MODES:
-                marks = []
-                if mode == "LOADING" and not case.safe:
-                    marks.append(pytest.mark.xfail(strict=True, raises=OutcomeUnknown, reason=LOADING_BUG))
-                if case.name == "group_discard" and mode in ("after", "mid"):
-                    marks.append(pytest.mark.xfail(strict=True, raises=felix_redis.NotFound, reason=DISCARD_BUG))
-                if case.name == "sharded ack_many" and mode == "READONLY":
-                    marks.append(pytest.mark.xfail(strict=True, raises=felix_redis.ConnectionFailed,
-                                                   reason=BATCH_REFUSAL_BUG))
-                yield pytest.param(flavour, case, mode, id=f"{flavour}-{case.name}-{mode}", marks=marks)
+                yield pytest.param(flavour, case, mode, id=f"{flavour}-{case.name}-{mode}")
 
 
 # ----------------------------------------------------------------------- the runner
@@ -542,11 +523,7 @@ def test_a_refusal_longer_than_retry_for_says_the_call_was_not_sent(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
-@pytest.mark.parametrize("code", [
-    pytest.param(code, marks=[pytest.mark.xfail(strict=True, raises=OutcomeUnknown, reason=LOADING_BUG)]
-                 if code == "LOADING" else [])
-    for code in REFUSALS
-])
+@pytest.mark.parametrize("code", list(REFUSALS))
 @pytest.mark.parametrize("name", ["publish (plain)", "group_nack", "group_redrive"])
 def test_every_refusal_reply_sends_an_unsafe_call_again(
     direct: tuple[felix_redis.Client, redis.Redis, str], flavour: str, code: str, name: str
@@ -564,13 +541,6 @@ def test_every_refusal_reply_sends_an_unsafe_call_again(
         assert case.effect is not None and case.effect(env, ctx) == 1
 
 
-LANE_BUG = ("library bug: Lane._connection (felix_redis/lane.py) borrows its connection with "
-            "pool.get_connection() outside NotSent, so a refused connect on a lane's first call "
-            "(a new client, or the first call after a fork) is a ConnectionFailed with unsent=False "
-            "and an unsafe call raises OutcomeUnknown although nothing was sent")
-
-
-@pytest.mark.xfail(strict=True, raises=OutcomeUnknown, reason=LANE_BUG)
 def test_a_refused_first_call_on_the_lane_is_sent_again(direct: tuple[felix_redis.Client, redis.Redis, str]) -> None:
     """The lane (the sync client's own connection) borrows a connection on its first
     call, and again in a forked child; closing it stands for that here. Redis is
