@@ -8,16 +8,18 @@ FAILOVER`` until the sentinels turn it into a replica (up to 10 s later), one th
 paused or cut off when it comes back. Those writes are lost when it becomes a replica
 (a quorum write is refused with NotReplicated, its replicas having moved on).
 
-The sentinels announce each new primary on their ``+switch-master`` channel. A watch
-subscribes to it on one sentinel (the next one when that fails) and, when the
-announcement names its service, has redis-py's pool ask the sentinels again
-(``get_master_address``): the pool then drops its idle connections to the old primary,
-and a client's lane drops its own before its next call
+The sentinels announce each new primary on their ``+switch-master`` channel: the leader
+of a failover at once, the others when they hear of it (up to their 2 s hello period
+later). A watch subscribes to it on every sentinel, and when an announcement names its
+service it has redis-py's pool ask the sentinels again (``get_master_address``) until
+they give the announced address (a sentinel that has not heard yet still gives the old
+one; bounded by :data:`LOOK_S`): the pool then drops its idle connections to the old
+primary, and a client's lane drops its own before its next call
 (:func:`felix_redis.lane._stale_primary`). So no address is kept outside redis-py's own
-machinery; the watch only tells it when to look. After (re)subscribing it looks once,
-for an announcement it may have missed while it was not listening.
+machinery; the watch only tells it when to look, and until when. After (re)subscribing
+it looks once, for an announcement it may have missed while it was not listening.
 
-One watch per Sentinel client: a daemon thread for the synchronous client, a task of the
+One watch per Sentinel client: a daemon thread for the synchronous client, tasks of the
 client's event loop for the asyncio one. Both stop when the client is closed.
 """
 
@@ -27,18 +29,22 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
-__all__ = ["AsyncSentinelWatch", "SentinelWatch", "sentinel_pool"]
+__all__ = ["AsyncSentinelWatch", "SentinelWatch", "announced", "sentinel_pool"]
 
 log = logging.getLogger("felix_redis.sentinel")
 
 CHANNEL = "+switch-master"
-#: How long one read of the channel waits; bounds how long close() takes to be seen.
+#: How long one read of the channels waits; bounds how long close() takes to be seen.
 POLL_S = 0.5
-#: Pause after every sentinel failed to answer, before trying them again.
+#: Pause before a sentinel that failed is subscribed to again.
 RETRY_S = 1.0
+#: How long after an announcement the pool is asked again until the sentinels agree.
+LOOK_S = 3.0
+LOOK_EVERY_S = 0.1
 
 
 def sentinel_pool(raw: Any) -> Any:
@@ -51,19 +57,27 @@ def sentinel_pool(raw: Any) -> Any:
     return pool
 
 
-def _names(message: Any, service: str) -> bool:
-    """True if ``message`` (a pub/sub message dict) announces a new primary of ``service``:
-    ``+switch-master <name> <old ip> <old port> <new ip> <new port>``."""
+def announced(message: Any, service: str) -> tuple[str, int] | None:
+    """The new primary's address if ``message`` (a pub/sub message dict) announces one for
+    ``service``: ``+switch-master <name> <old ip> <old port> <new ip> <new port>``."""
     if not isinstance(message, dict) or message.get("type") != "message":
-        return False
+        return None
     data = message.get("data")
     if isinstance(data, bytes):
         data = data.decode("utf-8", "replace")
-    return isinstance(data, str) and data.split(" ", 1)[0] == service
+    parts = data.split() if isinstance(data, str) else []
+    if len(parts) != 5 or parts[0] != service or not parts[4].isdigit():
+        return None
+    return parts[3], int(parts[4])
+
+
+def _same(address: Any, want: tuple[str, int] | None) -> bool:
+    return want is None or (address is not None and (str(address[0]), int(address[1])) == want)
 
 
 class SentinelWatch:
-    """The watch of a synchronous Sentinel client's pool (see the module's docstring)."""
+    """The watch of a synchronous Sentinel client's pool (see the module's docstring):
+    one daemon thread reading the channel of every sentinel."""
 
     def __init__(self, pool: Any) -> None:
         self.service: str = pool.service_name
@@ -75,40 +89,73 @@ class SentinelWatch:
         self._thread.start()
 
     def close(self) -> None:
-        """Stops the watch (its thread ends within :data:`POLL_S`)."""
+        """Stops the watch (its thread ends within about :data:`POLL_S`)."""
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            for sentinel in self._sentinels:
-                if self._stop.is_set():
-                    return
-                try:
-                    self._follow(sentinel)
-                except Exception as exc:  # that sentinel failed: the next one
-                    log.debug("sentinel watch of %s: %s", self.service, exc)
-            self._stop.wait(RETRY_S)
-
-    def _follow(self, sentinel: Any) -> None:
-        pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+        subs: list[Any] = [None] * len(self._sentinels)
+        retry_at = [0.0] * len(self._sentinels)
+        wait = POLL_S / max(1, len(self._sentinels))
         try:
-            pubsub.subscribe(CHANNEL)
-            self._look()  # what was announced while nobody listened
             while not self._stop.is_set():
-                if _names(pubsub.get_message(timeout=POLL_S), self.service):
-                    self.switches += 1
-                    self._look()
+                for i, sentinel in enumerate(self._sentinels):
+                    if self._stop.is_set():
+                        return
+                    if subs[i] is None:
+                        if time.monotonic() < retry_at[i]:
+                            continue
+                        subs[i] = self._subscribe(sentinel)
+                        if subs[i] is None:
+                            retry_at[i] = time.monotonic() + RETRY_S
+                        else:
+                            self._look(None)  # what was announced while nobody listened
+                        continue
+                    try:
+                        address = announced(subs[i].get_message(timeout=wait), self.service)
+                    except Exception as exc:  # that sentinel failed: subscribe again later
+                        log.debug("sentinel watch of %s: %s", self.service, exc)
+                        _close(subs[i])
+                        subs[i], retry_at[i] = None, time.monotonic() + RETRY_S
+                        continue
+                    if address is not None:
+                        self.switches += 1
+                        self._look(address)
+                if all(sub is None for sub in subs):
+                    self._stop.wait(wait)
         finally:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+            for sub in subs:
+                _close(sub)
 
-    def _look(self) -> None:
-        pool = self._pool()
-        if pool is None:  # the client is gone
-            self._stop.set()
-            return
+    def _subscribe(self, sentinel: Any) -> Any:
+        try:
+            pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(CHANNEL)
+            return pubsub
+        except Exception as exc:
+            log.debug("sentinel watch of %s: %s", self.service, exc)
+            return None
+
+    def _look(self, want: tuple[str, int] | None) -> None:
+        """Has the pool ask the sentinels for the primary, until they name ``want``."""
+        deadline = time.monotonic() + LOOK_S
+        while not self._stop.is_set():
+            pool = self._pool()
+            if pool is None:  # the client is gone
+                self._stop.set()
+                return
+            address = None
+            with contextlib.suppress(Exception):
+                address = pool.get_master_address()
+            del pool
+            if _same(address, want) or time.monotonic() >= deadline:
+                return
+            self._stop.wait(LOOK_EVERY_S)
+
+
+def _close(pubsub: Any) -> None:
+    if pubsub is not None:
         with contextlib.suppress(Exception):
-            pool.get_master_address()
+            pubsub.close()
 
 
 class AsyncSentinelWatch:
@@ -138,33 +185,40 @@ class AsyncSentinelWatch:
                 await task
 
     async def _run(self) -> None:
-        while True:
-            for sentinel in self._sentinels:
-                try:
-                    await self._follow(sentinel)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.debug("sentinel watch of %s: %s", self.service, exc)
-            await asyncio.sleep(RETRY_S)
+        await asyncio.gather(*(self._follow(sentinel) for sentinel in self._sentinels))
 
     async def _follow(self, sentinel: Any) -> None:
-        pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(CHANNEL)
-            await self._look()
-            while True:
-                if _names(await pubsub.get_message(timeout=POLL_S), self.service):
-                    self.switches += 1
-                    await self._look()
-        finally:
-            with contextlib.suppress(Exception):
-                closer = getattr(pubsub, "aclose", None) or pubsub.close
-                await closer()
+        """Reads one sentinel's channel, subscribing again after a failure."""
+        while True:
+            pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(CHANNEL)
+                await self._look(None)
+                while True:
+                    address = announced(await pubsub.get_message(timeout=POLL_S), self.service)
+                    if address is not None:
+                        self.switches += 1
+                        await self._look(address)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("sentinel watch of %s: %s", self.service, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    closer = getattr(pubsub, "aclose", None) or pubsub.close
+                    await closer()
+            await asyncio.sleep(RETRY_S)
 
-    async def _look(self) -> None:
-        pool = self._pool()
-        if pool is None:
-            raise asyncio.CancelledError
-        with contextlib.suppress(Exception):
-            await pool.get_master_address()
+    async def _look(self, want: tuple[str, int] | None) -> None:
+        deadline = time.monotonic() + LOOK_S
+        while True:
+            pool = self._pool()
+            if pool is None:
+                raise asyncio.CancelledError
+            address = None
+            with contextlib.suppress(Exception):
+                address = await pool.get_master_address()
+            del pool
+            if _same(address, want) or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(LOOK_EVERY_S)
