@@ -443,12 +443,7 @@ async def async_pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     """As :func:`pool_call`, on a redis.asyncio connection pool."""
     conn = await async_borrow(pool)
     try:
-        return await _async_send_read(conn, args)
-    except (ResponseError, NotSent):
-        raise
-    except BaseException:
-        await conn.disconnect()
-        raise
+        return await _async_call(conn, args)
     finally:
         await pool.release(conn)
 
@@ -460,14 +455,20 @@ async def async_node_call(node: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise NotSent(exc) from None
     try:
+        return await _async_call(conn, args)
+    finally:
+        node.release(conn)
+
+
+async def _async_call(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
+    """One call on a borrowed connection; one left mid-reply is dropped, never reused."""
+    try:
         return await _async_send_read(conn, args)
     except (ResponseError, NotSent):
         raise
     except BaseException:
         await conn.disconnect()
         raise
-    finally:
-        node.release(conn)
 
 
 def _pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
