@@ -338,46 +338,45 @@ class Cells:
                 result = call()
             except tolerate:
                 tolerated += 1
-                if time.monotonic() > self.deadline():
-                    raise
+                self._again()
                 time.sleep(0.2)
                 continue
             except Exception as exc:
-                raise AssertionError(f"[{self.deployment.name}] {name} failed "
-                                     f"{time.monotonic() - self.fault_at:.1f}s after the fault: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-            break
-        done = time.monotonic()
-        assert done <= self.deadline(), (
-            f"[{self.deployment.name}] {name} took until {done - self.fault_at:.1f}s after the fault")
-        if check is not None:
-            check(result)
-        self.outcomes.append((name, done - self.fault_at, tolerated))
-        return result
+                raise self._failed(name, exc) from exc
+            return self._settled(name, result, check, tolerated)
 
     async def arun(self, name: str, call: Callable[[], Awaitable[Any]],
                    check: Callable[[Any], None] | None = None, *, tolerate: tuple[type[Exception], ...] = ()) -> Any:
+        """As :meth:`run`, for the asyncio client's calls."""
         tolerated = 0
         while True:
             try:
                 result = await call()
             except tolerate:
                 tolerated += 1
-                if time.monotonic() > self.deadline():
-                    raise
+                self._again()
                 await asyncio.sleep(0.2)
                 continue
             except Exception as exc:
-                raise AssertionError(f"[{self.deployment.name}] async {name} failed "
-                                     f"{time.monotonic() - self.fault_at:.1f}s after the fault: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-            break
+                raise self._failed(f"async {name}", exc) from exc
+            return self._settled(f"async {name}", result, check, tolerated)
+
+    def _again(self) -> None:
+        """A tolerated error: tried again unless the deadline passed (then it goes up)."""
+        if time.monotonic() > self.deadline():
+            raise
+
+    def _failed(self, name: str, exc: Exception) -> AssertionError:
+        return AssertionError(f"[{self.deployment.name}] {name} failed {time.monotonic() - self.fault_at:.1f}s "
+                              f"after the fault: {type(exc).__name__}: {exc}")
+
+    def _settled(self, name: str, result: Any, check: Callable[[Any], None] | None, tolerated: int) -> Any:
         done = time.monotonic()
         assert done <= self.deadline(), (
-            f"[{self.deployment.name}] async {name} took until {done - self.fault_at:.1f}s after the fault")
+            f"[{self.deployment.name}] {name} took until {done - self.fault_at:.1f}s after the fault")
         if check is not None:
             check(result)
-        self.outcomes.append((f"async {name}", done - self.fault_at, tolerated))
+        self.outcomes.append((name, done - self.fault_at, tolerated))
         return result
 
 
