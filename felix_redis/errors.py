@@ -14,6 +14,7 @@ __all__ = [
     "GroupExists",
     "InvalidArgument",
     "NotFound",
+    "NotInstalled",
     "NotReplicated",
     "OutcomeUnknown",
     "PermissionDenied",
@@ -65,6 +66,12 @@ class NotReplicated(FelixError):
 
 class PermissionDenied(FelixError):
     """The Redis user lacks the role this operation needs."""
+
+
+class NotInstalled(PermissionDenied):
+    """The server lacks this version's function library and this Redis user may not
+    install it (roles call the library's functions, ``FCALL``, and nothing else): an
+    administrator runs ``felixctl install`` (docs/security.md)."""
 
 
 class Conflict(FelixError):
