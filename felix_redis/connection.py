@@ -5,6 +5,12 @@ query options such as ``ssl_ca_certs``), ``redis+sentinel://h1:p1,h2:p2/service/
 ``redis+cluster://h1:p1,h2:p2`` and ``memory://[name]`` (fakeredis in this process,
 running the same Lua scripts; one shared server per name).
 
+Query options are checked up front: a name the scheme does not take (``?bogus=1``,
+``?PASSWORD=``) is refused with :class:`InvalidArgument` naming it, never its value.
+On every ``rediss`` scheme the server's host name is checked against its certificate
+unless the URL says ``ssl_check_hostname=false`` or ``ssl_cert_reqs=none`` (set
+explicitly, whatever redis-py's own default).
+
 Credentials: the URL's own ``user:password@`` (or ``?password=``); when the URL has no
 password, ``$FELIX_REDIS_PASSWORD``. The URL itself: the one given, else
 ``$FELIX_REDIS_URL``, else the contents of the file ``$FELIX_REDIS_URL_FILE``, else
@@ -30,8 +36,8 @@ from felix_redis.constants import (
 )
 from felix_redis.errors import ConnectionFailed, InvalidArgument, redact_url
 
-__all__ = ["ParsedUrl", "async_client", "env_password", "parse_url", "read_url_file", "resolve_url",
-           "sync_client"]
+__all__ = ["ParsedUrl", "async_client", "check_hostname", "env_password", "parse_url", "read_url_file",
+           "resolve_url", "sync_client"]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
            "rediss+cluster", "memory")
@@ -41,6 +47,17 @@ TLS_OPTIONS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ss
 CERT_REQS = ("none", "optional", "required")
 _TRUE = ("1", "true", "yes", "y", "t")
 _FALSE = ("0", "false", "no", "n", "f")
+#: Query options of ``redis://``, ``rediss://`` and ``unix://`` URLs, passed on to
+#: redis-py's ``from_url`` (with those its URL parser converts, see :func:`_plain_options`).
+PLAIN_OPTIONS = frozenset({
+    "db", "username", "password", "client_name", "socket_timeout", "socket_connect_timeout",
+    "socket_keepalive", "retry_on_timeout", "max_connections", "health_check_interval", "protocol",
+    "ssl_password", "ssl_min_version", "ssl_ciphers", *TLS_OPTIONS,
+})
+#: Query options of the Cluster schemes (those :func:`_conn_kwargs` uses); Sentinel's
+#: add :data:`SENTINEL_OPTIONS` (:func:`_sentinel_kwargs`).
+CLUSTER_OPTIONS = frozenset({"username", "password", "socket_timeout", "socket_connect_timeout", *TLS_OPTIONS})
+SENTINEL_OPTIONS = CLUSTER_OPTIONS | {"sentinel_username", "sentinel_password"}
 
 _memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
@@ -133,6 +150,7 @@ def parse_url(url: str) -> ParsedUrl:
             if path and not path.isdigit():
                 raise InvalidArgument(f"bad database number {path!r} in {redact_url(url)!r}")
         plain = ParsedUrl(scheme, options=dict(parse_qsl(split.query)))
+        _check_option_names(plain, url, _plain_options())
         plain.password = unquote(split.password) if split.password else plain.options.get("password") or None
         _check_tls_options(plain, url)
         return plain
@@ -145,6 +163,7 @@ def parse_url(url: str) -> ParsedUrl:
         userinfo, rest = rest.rsplit("@", 1)
     netloc, _, path = rest.partition("/")
     parsed = ParsedUrl(scheme, options=dict(parse_qsl(query)))
+    _check_option_names(parsed, url, SENTINEL_OPTIONS if "sentinel" in scheme else CLUSTER_OPTIONS)
     if userinfo:
         user, _, password = userinfo.partition(":")
         parsed.username = unquote(user) or None
@@ -186,6 +205,37 @@ def _db(text: str, url: str) -> int:
         raise InvalidArgument(f"bad database number {text!r} in {redact_url(url)!r}") from None
 
 
+def _plain_options() -> frozenset[str]:
+    """:data:`PLAIN_OPTIONS` and those the installed redis-py's URL parser converts."""
+    from redis import connection
+
+    return PLAIN_OPTIONS | frozenset(getattr(connection, "URL_QUERY_ARGUMENT_PARSERS", ()))
+
+
+def _check_option_names(parsed: ParsedUrl, url: str, known: frozenset[str]) -> None:
+    """Refuses a query option the scheme does not take: redis-py would fail later with a
+    bare TypeError, or keep it (value and all) in the client's repr. The message names
+    the option, never its value."""
+    unknown = sorted(name for name in parsed.options if name not in known)
+    if not unknown:
+        return
+    name = unknown[0]
+    hint = f"; option names are lower case: {name.lower()!r}" if name.lower() in known else ""
+    where = redact_url(url.split("?", 1)[0])
+    takes = "" if "db" in known else f": {', '.join(sorted(known))}"
+    raise InvalidArgument(f"unknown query option {name!r} in the Redis URL {where}?...{hint} (the options "
+                          f"{parsed.scheme}:// takes{takes}: see docs/security.md)")
+
+
+def check_hostname(parsed: ParsedUrl) -> bool:
+    """Whether a TLS connection checks the server's host name: yes unless the URL says
+    ``ssl_check_hostname=false`` or ``ssl_cert_reqs=none``."""
+    given = parsed.options.get("ssl_check_hostname")
+    if given is not None:
+        return given.lower() in _TRUE
+    return parsed.options.get("ssl_cert_reqs") != "none"
+
+
 def _check_tls_options(parsed: ParsedUrl, url: str) -> None:
     """Refuses TLS options redis-py would fail on later with a bare error."""
     given = [key for key in TLS_OPTIONS if key in parsed.options]
@@ -198,6 +248,8 @@ def _check_tls_options(parsed: ParsedUrl, url: str) -> None:
     check = parsed.options.get("ssl_check_hostname")
     if check is not None and check.lower() not in _TRUE + _FALSE:
         raise InvalidArgument(f"ssl_check_hostname must be true or false, got {check!r}")
+    if reqs == "none" and check is not None and check.lower() in _TRUE:
+        raise InvalidArgument("ssl_check_hostname=true needs the certificate checked: not with ssl_cert_reqs=none")
     if "ssl_keyfile" in parsed.options and "ssl_certfile" not in parsed.options:
         raise InvalidArgument("ssl_keyfile needs ssl_certfile (the client certificate it belongs to)")
 
@@ -206,9 +258,10 @@ def _conn_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"username": parsed.username, "password": parsed.password or env_password()}
     if parsed.tls:
         kwargs["ssl"] = True
+        kwargs["ssl_check_hostname"] = check_hostname(parsed)
     for key, value in parsed.options.items():
-        if key in TLS_OPTIONS:
-            kwargs[key] = value if key != "ssl_check_hostname" else value.lower() in _TRUE
+        if key in TLS_OPTIONS and key != "ssl_check_hostname":
+            kwargs[key] = value
         elif key in ("socket_timeout", "socket_connect_timeout"):
             kwargs[key] = float(value)
     return {k: v for k, v in kwargs.items() if v is not None}
@@ -255,11 +308,17 @@ def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _env_credentials(parsed: ParsedUrl) -> dict[str, Any]:
-    """``password=$FELIX_REDIS_PASSWORD`` when the URL has none (``from_url`` lets the
-    URL's own password win anyway)."""
+def _plain_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
+    """``from_url`` options besides the URL's own: ``password=$FELIX_REDIS_PASSWORD``
+    when the URL has none (``from_url`` lets the URL's own password win anyway), and on
+    ``rediss://`` the host name check, explicitly (redis-py 5 did not check by default)."""
+    out: dict[str, Any] = {}
     password = env_password()
-    return {"password": password} if password and parsed.password is None else {}
+    if password and parsed.password is None:
+        out["password"] = password
+    if parsed.tls:
+        out["ssl_check_hostname"] = check_hostname(parsed)
+    return out
 
 
 def _memory_server(name: str) -> Any:
@@ -299,7 +358,7 @@ def sync_client(url: str) -> Any:
             hosts = ",".join(f"{h}:{p}" for h, p in parsed.hosts)
             raise ConnectionFailed(
                 f"cannot reach Redis Cluster at {hosts}: {str(exc).splitlines()[0][:300]}") from None
-    return redis.Redis.from_url(url, **_defaults(_env_credentials(parsed), _no_retry(False)))
+    return redis.Redis.from_url(url, **_defaults(_plain_kwargs(parsed), _no_retry(False)))
 
 
 def async_client(url: str) -> Any:
@@ -322,4 +381,4 @@ def async_client(url: str) -> Any:
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
         return RedisCluster(startup_nodes=nodes, **_defaults(_conn_kwargs(parsed), None))
-    return aioredis.Redis.from_url(url, **_defaults(_env_credentials(parsed), _no_retry(True)))
+    return aioredis.Redis.from_url(url, **_defaults(_plain_kwargs(parsed), _no_retry(True)))

@@ -134,13 +134,24 @@ def from_response(message: str) -> FelixError | None:
 
 
 #: ``//user:PASSWORD@`` in a URL; the password runs to the last ``@`` of the URL token, so
-#: an unencoded ``@`` or ``/`` in it is masked too (masking a little too much is the safe side).
-_USERINFO_RE = re.compile(r"(//[^:/@\s?#]*:)([^\s?#]*)(@)")
+#: an unencoded ``@`` or ``/`` in it is masked too (masking a little too much is the safe
+#: side); or, holding no ``/``, to the last ``@`` of the line, so an unencoded space is too.
+_USERINFO_RE = re.compile(r"(//[^:/@\s?#]*:)([^\s?#]*|[^\n\r?#/]*)(@)")
 #: ``password=``, ``sentinel_password=``, ``ssl_password=`` ... in a query string.
 _QUERY_PASSWORD_RE = re.compile(r"([?&][A-Za-z_]*password=)([^&\s#'\"]*)", re.IGNORECASE)
+#: A whole text that is one URL: ``scheme://``, on one line.
+_ONE_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\n\r]*")
+#: In one URL: ``//user:PASSWORD@``, the password running to the last ``@`` before the query,
+#: whatever it holds; and every ``...password=`` query value, up to the next ``&``.
+_URL_USERINFO_RE = re.compile(r"(//[^:/@?#]*:)([^?#]*)(@)")
+_URL_QUERY_PASSWORD_RE = re.compile(r"([?&][A-Za-z_]*password=)([^&#]*)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
     """``url`` (or a message holding URLs) with every password replaced by ``***``: the
-    one in ``user:password@`` and any ``...password=`` query option."""
+    one in ``user:password@`` and any ``...password=`` query option (any case). Given one
+    URL alone, unencoded spaces, ``@`` and ``/`` in a password are masked too; in a longer
+    message a password runs to the next space unless it holds no ``/``."""
+    if _ONE_URL_RE.fullmatch(url):
+        return _URL_QUERY_PASSWORD_RE.sub(r"\1***", _URL_USERINFO_RE.sub(r"\1***\3", url))
     return _QUERY_PASSWORD_RE.sub(r"\1***", _USERINFO_RE.sub(r"\1***\3", url))

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 import felix_redis
@@ -24,6 +26,7 @@ import felix_redis.asyncio as felix_asyncio
 from felix_redis.connection import async_client, parse_url, sync_client
 from felix_redis.testing.certs import Certs, make_ca, make_leaf
 from felix_redis.testing.server import RedisServer, free_port, redis_server_binary, tls_support
+from felix_redis.testing.topology import SETTINGS, SentinelServer, TopologyTls, sentinel_config_lines
 from felixctl.cli import cli
 
 pytestmark = [
@@ -44,6 +47,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     make_ca(d, "otherca")
     make_leaf(d, "server", "ca", usage="serverAuth", san="IP:127.0.0.1,DNS:localhost")
     make_leaf(d, "wrongname", "ca", usage="serverAuth", san="DNS:elsewhere.example")
+    # a sentinel or cluster node for another host (it is also a TLS client of its primary)
+    make_leaf(d, "wrongnode", "ca", usage="serverAuth,clientAuth", san="DNS:elsewhere.example")
     make_leaf(d, "client", "ca", usage="clientAuth", san=None)
     make_leaf(d, "strangerclient", "otherca", usage="clientAuth", san=None)
     return Certs(d)
@@ -202,6 +207,125 @@ def test_host_name_is_checked(wrong_name: TlsServer) -> None:
         _round_trip(client, "no-hostname-check")
     finally:
         client.close()
+
+
+def _name_mismatch(message: str) -> bool:
+    lower = message.lower()
+    return "mismatch" in lower or "doesn't match" in lower or "hostname" in lower
+
+
+@pytest.fixture(scope="module")
+def wrong_name_sentinel(wrong_name: TlsServer, certs: Certs) -> Iterator[int]:
+    """A TLS-only sentinel whose certificate (from the right CA) names another host,
+    watching the ``wrong_name`` server as its primary; yields the sentinel's port."""
+    tls = TopologyTls(certs.crt("ca"), certs.crt("wrongnode"), certs.key("wrongnode"), auth_clients="optional")
+    sentinel = SentinelServer(tls=tls, directives=sentinel_config_lines(SETTINGS, "127.0.0.1", wrong_name.port,
+                                                                        quorum=1))
+    try:
+        sentinel.start()
+        yield sentinel.port
+    finally:
+        sentinel.stop()
+
+
+@pytest.fixture(scope="module")
+def wrong_name_cluster(certs: Certs) -> Iterator[int]:
+    """A one-node Redis Cluster holding every slot, TLS on its client port and bus,
+    whose certificate names another host; yields its TLS port."""
+    supported, why_not = tls_support()
+    if not supported:
+        pytest.skip(f"the server binary cannot serve TLS: {why_not}")
+    tls_port = free_port()
+    server = RedisServer(extra=[
+        "--tls-port", str(tls_port), "--tls-cluster", "yes", "--cluster-enabled", "yes",
+        "--cluster-port", str(free_port()),
+        "--tls-cert-file", certs.crt("wrongnode"), "--tls-key-file", certs.key("wrongnode"),
+        "--tls-ca-cert-file", certs.crt("ca"), "--tls-auth-clients", "optional",
+    ])
+    try:
+        server.start()
+        plain = redis.Redis(port=server.port)  # the plain loopback port, to hand out the slots
+        plain.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in plain.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "the one-node cluster did not become ok"
+            time.sleep(0.05)
+        plain.close()
+        yield tls_port
+    finally:
+        server.stop()
+
+
+def _name_options(certs: Certs, **options: str) -> str:
+    return urlencode({"ssl_ca_certs": certs.crt("ca"), **options}, safe="/")
+
+
+def test_host_name_is_checked_on_sentinel_urls(wrong_name_sentinel: int, certs: Certs) -> None:
+    """The sentinel's certificate names another host: refused (sync and asyncio); the
+    same URL with ssl_check_hostname=false works end to end."""
+    base = f"rediss+sentinel://127.0.0.1:{wrong_name_sentinel}/{SETTINGS.service_name}/0"
+    client = felix_redis.connect(f"{base}?{_name_options(certs, ssl_check_hostname='false')}")
+    try:
+        _round_trip(client, "sentinel-no-hostname-check")
+    finally:
+        client.close()
+    url = f"{base}?{_name_options(certs)}"
+    for message in (_refused(url), _refused_async(url)):
+        assert f"127.0.0.1:{wrong_name_sentinel}" in message and "no master found" in message.lower(), message
+    # why: redis-py keeps the sentinels' own errors to itself; asked directly, the sentinel is refused
+    sentinel = sync_client(url).connection_pool.sentinel_manager.sentinels[0]
+    with pytest.raises(redis.ConnectionError) as info:
+        sentinel.ping()
+    assert _name_mismatch(str(info.value)), info.value
+    sentinel.close()
+
+
+def test_host_name_is_checked_on_cluster_urls(wrong_name_cluster: int, certs: Certs) -> None:
+    """The cluster node's certificate names another host: refused (sync and asyncio);
+    with ssl_check_hostname=false the same node serves a round trip."""
+    base = f"rediss+cluster://127.0.0.1:{wrong_name_cluster}"
+    url = f"{base}?{_name_options(certs)}"
+    with pytest.raises(felix_redis.ConnectionFailed) as info:  # the sync client connects at once
+        felix_redis.connect(url, retry_for=0)
+    for message in (str(info.value), _refused_async(url)):
+        assert f"127.0.0.1:{wrong_name_cluster}" in message and _name_mismatch(message), message
+    client = felix_redis.connect(f"{base}?{_name_options(certs, ssl_check_hostname='false')}")
+    try:
+        _round_trip(client, "cluster-no-hostname-check")
+    finally:
+        client.close()
+
+
+def test_host_name_check_is_set_explicitly() -> None:
+    """Every TLS client felix makes asks redis-py for the host name check itself (redis-py
+    5 left it off by default), off only where the URL says so."""
+    urls = {
+        "plain": "rediss://127.0.0.1:6380/0?ssl_ca_certs=/pki/ca.pem",
+        "sentinel": "rediss+sentinel://127.0.0.1:26379/m/0?ssl_ca_certs=/pki/ca.pem",
+        "cluster": "rediss+cluster://127.0.0.1:7000?ssl_ca_certs=/pki/ca.pem",
+    }
+
+    def checks(raw: object) -> list[object]:
+        pools = []
+        if hasattr(raw, "nodes_manager"):  # asyncio cluster: connects on first use only
+            return [raw.nodes_manager.connection_kwargs.get("ssl_check_hostname")]
+        pool = raw.connection_pool  # type: ignore[attr-defined]
+        pools.append(pool)
+        manager = getattr(pool, "sentinel_manager", None)
+        if manager is not None:
+            pools += [s.connection_pool for s in manager.sentinels]
+        return [p.connection_kwargs.get("ssl_check_hostname") for p in pools]
+
+    for kind, url in urls.items():
+        for extra, expected in (("", True), ("&ssl_check_hostname=false", False),
+                                ("&ssl_cert_reqs=none", False), ("&ssl_cert_reqs=optional", True),
+                                ("&ssl_check_hostname=true&ssl_cert_reqs=optional", True)):
+            makers = [async_client] if kind == "cluster" else [sync_client, async_client]
+            for make in makers:
+                got = checks(make(url + extra))
+                assert got and all(c is expected for c in got), (kind, extra, make.__name__, got)
+        with pytest.raises(felix_redis.InvalidArgument, match="ssl_check_hostname=true needs"):
+            parse_url(url + "&ssl_cert_reqs=none&ssl_check_hostname=true")
 
 
 def test_client_certificate_required(mtls: TlsServer, certs: Certs) -> None:
