@@ -48,12 +48,23 @@ class OperationError(click.ClickException):
         click.echo(f"felixctl: error: {one_line(self.format_message())}", file=file, err=file is None)
 
 
-def one_line(message: str) -> str:
-    """``message`` with line breaks and other control characters escaped, so an error is
-    always exactly one line (a name or payload in it may hold any character)."""
+def visible(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python writes it
+    (``\\n``, ``\\t``, ``\\x1b``, ``\\x9b``, ``\\u202e``): control characters (C0, DEL, C1),
+    line and paragraph separators and format characters. What felixctl prints of names,
+    keys and reasons read from Redis goes through it, so none can move the cursor,
+    recolour the terminal or forge a row."""
+    if text.isprintable():
+        return text
     return "".join(
-        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in message
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in text
     )
+
+
+def one_line(message: str) -> str:
+    """``message`` with line breaks and other control characters escaped (:func:`visible`),
+    so an error is always exactly one line (a name or payload in it may hold any character)."""
+    return visible(message)
 
 
 def hide_password(message: str, url: str | None) -> str:
@@ -341,39 +352,81 @@ def warnings_on_stderr(logger: str = "felix_redis") -> Iterator[None]:
 
 
 _ESCAPES = {ord("\\"): b"\\\\", ord("\n"): b"\\n", ord("\t"): b"\\t", ord("\r"): b"\\r"}
+#: Bytes that make a payload be written escaped: C0 controls but tab, and DEL.
+_CONTROL_BYTES = frozenset(range(0x20)) - {ord("\t")} | {0x7F}
+
+
+def _is_control(ch: str) -> bool:
+    """A C0 (but tab), DEL or C1 control: as a character, or as a byte that is no UTF-8
+    (a surrogate escape)."""
+    code = ord(ch)
+    return (code < 0x20 and ch != "\t") or 0x7F <= code <= 0x9F or 0xDC80 <= code <= 0xDC9F
 
 
 def escape_payload(payload: bytes) -> bytes:
-    """The payload on one line. Without a line break (``\\n`` or ``\\r``) it is the payload
-    itself, backslashes and tabs included (a line splits at its first tab into the claim
-    and the payload): JSON and text come out as they were published. A payload holding a
-    line break is written escaped instead, backslash, newline, tab and carriage return as
-    ``\\\\``, ``\\n``, ``\\t`` and ``\\r``."""
-    if b"\n" not in payload and b"\r" not in payload:
+    """The payload on one line, never a control character in it. Without a control
+    character (but tab) it is the payload itself, backslashes and tabs included (a line
+    splits at its first tab into the claim and the payload): JSON and text come out as
+    they were published. A payload holding a line break or another control character
+    (C0, DEL, C1: ESC would reach the terminal) is written escaped instead: backslash,
+    newline, tab and carriage return as ``\\\\``, ``\\n``, ``\\t`` and ``\\r``, another
+    control byte as ``\\xHH`` and a C1 character as ``\\u00HH``."""
+    if not _CONTROL_BYTES.intersection(payload) and not _has_c1(payload):
         return payload
-    return b"".join(_ESCAPES.get(byte, bytes((byte,))) for byte in payload)
+    out = bytearray()
+    for ch in payload.decode("utf-8", "surrogateescape"):
+        code = ord(ch)
+        if code in _ESCAPES:
+            out += _ESCAPES[code]
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is no UTF-8
+            byte = code - 0xDC00
+            out += b"\\x%02x" % byte if byte <= 0x9F else bytes((byte,))
+        elif _is_control(ch):
+            out += b"\\x%02x" % code if code < 0x80 else b"\\u%04x" % code
+        else:
+            out += ch.encode("utf-8")
+    return bytes(out)
+
+
+def _has_c1(payload: bytes) -> bool:
+    """Holds a C1 control: UTF-8's ``\\xc2\\x80``..``\\xc2\\x9f`` or such a byte alone."""
+    if not any(0x80 <= byte <= 0x9F for byte in payload):
+        return False
+    return any(_is_control(ch) for ch in payload.decode("utf-8", "surrogateescape"))
 
 
 def unescape_payload(line: bytes) -> bytes:
-    """The inverse of :func:`escape_payload` for a payload that held a line break (one
+    """The inverse of :func:`escape_payload` for a payload that was written escaped (one
     printed as it is has nothing to undo: tell them apart with ``-o json``)."""
     out = bytearray()
     i = 0
     reverse = {b"\\": b"\\", b"n": b"\n", b"t": b"\t", b"r": b"\r"}
     while i < len(line):
         byte = line[i:i + 1]
-        if byte == b"\\" and i + 1 < len(line) and line[i + 1:i + 2] in reverse:
-            out += reverse[line[i + 1:i + 2]]
+        code = line[i + 1:i + 2]
+        if byte == b"\\" and code in reverse:
+            out += reverse[code]
             i += 2
+        elif byte == b"\\" and code == b"x" and _hex(line[i + 2:i + 4]):
+            out.append(int(line[i + 2:i + 4], 16))
+            i += 4
+        elif byte == b"\\" and code == b"u" and _hex(line[i + 2:i + 6]):
+            out += chr(int(line[i + 2:i + 6], 16)).encode("utf-8")
+            i += 6
         else:
             out += byte
             i += 1
     return bytes(out)
 
 
+def _hex(digits: bytes) -> bool:
+    return len(digits) in (2, 4) and all(d in b"0123456789abcdefABCDEF" for d in digits)
+
+
 def emit_line(prefix: str, payload: bytes) -> None:
-    """``prefix<TAB>payload`` on stdout, the payload escaped only if it holds a line break."""
-    click.echo(prefix.encode() + b"\t" + escape_payload(payload) + b"\n", nl=False)
+    """``prefix<TAB>payload`` on stdout, the payload escaped only if it holds a control
+    character but tab (:func:`escape_payload`)."""
+    click.echo(visible(prefix).encode() + b"\t" + escape_payload(payload) + b"\n", nl=False)
 
 
 def payload_json(payload: bytes) -> dict[str, str]:
@@ -403,8 +456,9 @@ def emit_json(document: Any, *, compact: bool = False) -> None:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, right: Iterable[int] = ()) -> str:
-    """Rows in aligned columns; the columns in ``right`` are right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """Rows in aligned columns; the columns in ``right`` are right-aligned. Cells are
+    :func:`visible`: a tab or line break in one cannot make a column or a row."""
+    cells = [[str(h) for h in headers]] + [[visible(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     align_right = set(right)
     lines = []

@@ -32,6 +32,7 @@ from felixctl.common import (
     start_option,
     stream_argument,
     table,
+    visible,
     yes_option,
 )
 from felixctl.records import ESCAPE_NOTE
@@ -79,7 +80,7 @@ def create(
         *ctl.where(stream), group, start=start, visibility_timeout_ms=visibility_timeout_ms,
         max_attempts=max_attempts,
     )
-    click.echo(f"group {group} created on {ctl.path(stream)} from {start}")
+    click.echo(visible(f"group {group} created on {ctl.path(stream)} from {start}"))
 
 
 @group.command("configure", epilog=examples(
@@ -104,10 +105,10 @@ def configure(
         *ctl.where(stream), group, visibility_timeout_ms=visibility_timeout_ms, max_attempts=max_attempts
     )
     info = ctl.client.group_describe(*ctl.where(stream), group)
-    click.echo(
+    click.echo(visible(
         f"group {group} on {ctl.path(stream)}: visibility timeout {info.visibility_timeout_ms} ms, "
         f"max attempts {info.max_attempts}"
-    )
+    ))
 
 
 @group.command("list", epilog=examples("felixctl group list jobs", "felixctl group list jobs -o json"))
@@ -121,7 +122,7 @@ def list_(ctl: Ctl, stream: str, output: str) -> None:
         emit_json(groups)
         return
     for name in groups:
-        click.echo(name)
+        click.echo(visible(name))
 
 
 @group.command("delete", epilog=examples("felixctl group delete jobs workers --yes"))
@@ -137,7 +138,7 @@ def delete(ctl: Ctl, stream: str, group: str, yes: bool) -> None:
     confirm(f"Delete group {group} of {ctl.path(stream)} with its position and dead letters?",
             yes=yes, what="group delete")
     ctl.client.group_delete(*ctl.where(stream), group)
-    click.echo(f"group {group} deleted from {ctl.path(stream)}")
+    click.echo(visible(f"group {group} deleted from {ctl.path(stream)}"))
 
 
 def group_json(info: GroupInfo) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def describe_text(info: GroupInfo) -> str:
         f"group {info.group} on {info.tenant}/{info.namespace}/{info.stream}: visibility timeout "
         f"{info.visibility_timeout_ms} ms, max attempts {info.max_attempts}"
     )
-    return head + "\n" + table(DESCRIBE_HEADERS, rows, right=range(9))
+    return visible(head) + "\n" + table(DESCRIBE_HEADERS, rows, right=range(9))
 
 
 @group.command("describe", epilog=examples(
@@ -207,7 +208,7 @@ def describe(ctl: Ctl, stream: str, group: str, output: str, watch_s: float | No
             info = ctl.client.group_describe(*ctl.where(stream), group)
             # home the cursor and clear the screen, then draw: the table is refreshed in place
             click.echo("\x1b[H\x1b[2J" if sys.stdout.isatty() else "", nl=False)
-            click.echo(f"{ctl.path(stream)} group {group}, every {watch_s:g} s (Ctrl-C to stop)\n")
+            click.echo(visible(f"{ctl.path(stream)} group {group}, every {watch_s:g} s (Ctrl-C to stop)") + "\n")
             click.echo(describe_text(info))
             refreshes += 1
             if count is None or refreshes < count:
@@ -243,7 +244,7 @@ def keys(ctl: Ctl, stream: str, group: str, shard: int | None, role: str | None,
         emit_json([{"shard": s, "role": r, "key": k} for s, r, k in rows])
     elif role is not None:
         for _s, _r, k in rows:
-            click.echo(k)
+            click.echo(visible(k))
     else:
         click.echo(table(["SHARD", "ROLE", "KEY"], rows))
 
@@ -410,6 +411,8 @@ def _shards(ctl: Ctl, stream: str, shard: int | None) -> list[int]:
 @group.command("dead-letters", epilog=examples(
     "felixctl group dead-letters jobs workers",
     "felixctl group dead-letters jobs workers --payloads -o json",
+    note="Text output escapes control characters in reasons (a tab or line break as \\t or \\n), so each dead "
+    "letter is one row; -o json gives the exact reasons.",
 ))
 @stream_argument
 @group_argument

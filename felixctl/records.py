@@ -26,9 +26,10 @@ from felixctl.common import (
 )
 
 ESCAPE_NOTE = (
-    "Payloads are printed as they are; one holding a line break is written escaped (backslash, newline, "
-    "tab and carriage return as \\\\, \\n, \\t and \\r) so that every record stays on one line. "
-    "-o json gives the exact payloads."
+    "Payloads are printed as they are; one holding a line break or another control character (tab aside) "
+    "is written escaped (backslash, newline, tab and carriage return as \\\\, \\n, \\t and \\r, other "
+    "control bytes as \\xHH, C1 characters as \\u00HH) so that every record stays on one line and no "
+    "payload can steer the terminal. -o json gives the exact payloads."
 )
 
 

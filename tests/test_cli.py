@@ -526,13 +526,14 @@ def test_group_keys(jobs: Run, backend: tuple[str, Any]) -> None:
 # -- escaping
 
 
-@pytest.mark.parametrize("payload", [b"", b"plain", b"\\n", b"a\tb", b"\xff\x00\\\\x", b"end\\"])
-def test_a_payload_without_a_line_break_is_printed_as_it_is(payload: bytes) -> None:
+@pytest.mark.parametrize("payload", [b"", b"plain", b"\\n", b"a\tb", b"\xff\\\\x", b"end\\", "caf\u00e9".encode()])
+def test_a_payload_without_a_control_character_is_printed_as_it_is(payload: bytes) -> None:
     assert escape_payload(payload) == payload
 
 
-@pytest.mark.parametrize("payload", [b"a\nb", b"\t\r\n\\", b"\\n\n", b"x\r", b"\xff\n\\\\x"])
-def test_a_payload_with_a_line_break_round_trips_on_one_line(payload: bytes) -> None:
+@pytest.mark.parametrize("payload", [b"a\nb", b"\t\r\n\\", b"\\n\n", b"x\r", b"\xff\n\\\\x", b"\xff\x00\\\\x",
+                                     b"\x1b[0m\\x1b", "\u009b\\u009b".encode(), b"\x9b\\x9b"])
+def test_a_payload_with_a_control_character_round_trips_on_one_line(payload: bytes) -> None:
     escaped = escape_payload(payload)
     assert b"\n" not in escaped and b"\t" not in escaped and b"\r" not in escaped
     assert unescape_payload(escaped) == payload
