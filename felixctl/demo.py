@@ -26,6 +26,7 @@ import click
 import felix_redis
 from felix_redis import FelixError, GroupInfo, Item, ShardedGroup, StaleClaim
 from felix_redis.errors import redact_url
+from felix_redis.scripts import library, other_libraries
 from felix_redis.testing.server import RedisServer, redis_server_binary
 from felixctl.common import Ctl, OperationError, examples, pass_ctl, table
 from felixctl.groups import describe_text
@@ -324,6 +325,33 @@ class Demo:
         )
 
 
+def felix_libraries(client: felix_redis.Client) -> list[str] | None:
+    """The felix-redis function libraries on the server (``felix_<digest>``), or None when
+    it cannot tell (no Functions, or a user who may not list them)."""
+    try:
+        return other_libraries(client.redis.function_list(library="felix_*"), current="")
+    except Exception:
+        return None
+
+
+def remove_own_library(client: felix_redis.Client, before: list[str] | None, keep: bool) -> str | None:
+    """What to say about the function library, once the demo is done: removed when the
+    server had no felix-redis library before the demo (and the stream is not kept), so a
+    server found empty is left empty; else left as it is."""
+    name = library().name
+    if before is None or before or name not in (felix_libraries(client) or []):
+        return None
+    if keep:
+        return (f"Kept the function library {name} the demo loaded (the server had none before): "
+                f"the kept stream needs it. Remove both with: felixctl stream delete ... and "
+                f"redis-cli FUNCTION DELETE {name}")
+    try:
+        client.redis.function_delete(name)
+    except Exception as exc:
+        return f"Could not remove the function library {name} the demo loaded: {exc}"
+    return f"Removed the function library {name} the demo loaded (the server had none before)."
+
+
 def job_of_payload(payload: bytes) -> tuple[int, str]:
     data = json.loads(payload)
     return int(data["order"]), str(data["task"])
@@ -339,7 +367,8 @@ def job_of(item: Item) -> tuple[int, str]:
     "felixctl --redis-url redis://localhost:6379/0 demo --keep",
     note="Uses --redis-url / $FELIX_REDIS_URL if given; else a Redis on localhost:6379 if one answers (in a "
     "fresh tenant demo-XXXXXX, touching no other key); else a throwaway redis-server; else memory://. "
-    "The demo stream is deleted at the end unless --keep.",
+    "The demo stream is deleted at the end unless --keep, and so is the function library the demo "
+    "loaded on a server that had no felix-redis library before.",
 ))
 @click.option("--orders", type=click.IntRange(1, 200), default=5, show_default=True, help="Orders to check out.")
 @click.option("--workers", type=click.IntRange(1, 16), default=3, show_default=True, help="Worker threads.")
@@ -354,6 +383,7 @@ def demo(ctl: Ctl, orders: int, workers: int, seed: int, keep: bool) -> None:
     click.echo(f"Using {backend.description}.")
     try:
         client = felix_redis.connect(backend.url)
+        libraries_before = felix_libraries(client) if backend.shared else None
         run = Demo(client, tenant, [1001 + i for i in range(orders)], workers, Plan.make(
             [1001 + i for i in range(orders)], seed))
         try:
@@ -368,6 +398,10 @@ def demo(ctl: Ctl, orders: int, workers: int, seed: int, keep: bool) -> None:
                     click.echo(f"\nDeleted the demo stream {'/'.join(run.where)}.")
                 except FelixError:
                     pass
+            if backend.shared:
+                said = remove_own_library(client, libraries_before, keep)
+                if said:
+                    click.echo(said)
             client.close()
     finally:
         backend.close()

@@ -9,6 +9,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+import felix_redis
 import felixctl.demo as demo_module
 from felixctl.cli import cli
 from felixctl.demo import Plan, choose_backend
@@ -32,7 +33,11 @@ def check_story(out: str) -> None:
     assert "attempt 2" in out  # a retry
     assert "now a dead letter: 3 attempts used up" in out
     assert "after the redrive" in out
-    assert out.rstrip().splitlines()[-3].endswith("Nothing owed, nothing in flight.")
+    tail = out.rstrip().splitlines()
+    end = max(i for i, line in enumerate(tail) if line.endswith("Nothing owed, nothing in flight."))
+    assert tail[end + 1] == "" and all(  # then only the clean-up
+        line.startswith(("Deleted the demo stream", "Kept it:", "Removed the function library",
+                         "Kept the function library")) for line in tail[end + 2:]), tail[end:]
     lines = out[out.index("Final state"):].splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("SHARD"))
     rows = [line.split() for line in lines[header + 1:header + 4] if line.strip()]
@@ -52,6 +57,34 @@ def test_demo_on_a_throwaway_server(raw: redis.Redis, redis_url: str) -> None:
     # Nothing of the demo stays for good (idempotent-producer memory expires by itself).
     left = [k for k in raw.keys("felix:{demo-*") if raw.ttl(k) < 0]
     assert left == []
+
+
+def test_demo_removes_the_library_it_loaded_on_an_empty_server(raw: redis.Redis, redis_url: str) -> None:
+    raw.function_flush()
+    out = run_demo(redis_url, "--orders", "1")
+    check_story(out)
+    assert "Removed the function library felix_" in out
+    assert raw.function_list() == []
+
+
+def test_demo_leaves_a_library_that_was_there(raw: redis.Redis, redis_url: str) -> None:
+    raw.function_flush()
+    with felix_redis.connect(redis_url) as client:
+        name = client.load_library()
+    out = run_demo(redis_url, "--orders", "1")
+    assert "function library" not in out
+    assert [lib[b"library_name"].decode() for lib in map(_fields, raw.function_list())] == [name]
+
+
+def test_demo_keep_says_it_kept_the_library(raw: redis.Redis, redis_url: str) -> None:
+    raw.function_flush()
+    out = run_demo(redis_url, "--orders", "1", "--keep")
+    assert "Kept the function library felix_" in out and "FUNCTION DELETE felix_" in out
+    assert len(raw.function_list()) == 1
+
+
+def _fields(entry: list[object] | dict[bytes, object]) -> dict[bytes, object]:
+    return entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=False))  # type: ignore[arg-type]
 
 
 def test_demo_on_memory() -> None:
