@@ -73,12 +73,12 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
         keys = iter(range(10**9))
         raw.function_load(SPIN_LIBRARY, replace=True)
         name = client.core.name(T, N, S)
-        meta, log = name.shard_keys(0)
+        meta, log, conf = name.publish_keys(0)
         publish_fn = scripts.library().functions["publish"]
 
         def bare_publish() -> None:
             # a plain publish (no producer): the script and the round trip, no client code
-            raw.fcall(publish_fn, 2, meta, log, "", "", 0, 3_600_000, PAYLOAD)
+            raw.fcall(publish_fn, 3, meta, log, conf, "", "", 0, 3_600_000, PAYLOAD)
 
         def spin(n: int) -> Callable[[], None]:
             return lambda: raw.fcall("felixbench_spin", 0, n)

@@ -36,8 +36,8 @@ from felix_redis.keys import (
     STREAM_ROLE_CAPS,
     capability_key,
     check_name,
-    producer_ids_key,
     registry_key,
+    tenants_key,
 )
 
 __all__ = [
@@ -51,11 +51,11 @@ ROLES = (*GROUP_ROLE_CAPS, *STREAM_ROLE_CAPS)
 #: Granted on every key of a role (root rules): what the scripts and the client read with.
 #: TIME: the scripts' clock; WAIT: quorum/all streams; XREAD: long polls and subscribers.
 READ_COMMANDS = (
-    "ping", "time", "wait", "fcall", "evalsha", "script|load", "type", "exists", "get",
+    "ping", "time", "wait", "fcall", "type", "exists", "get",
     "hget", "hmget", "hgetall", "hlen", "hexists", "hscan",
     "smembers", "sismember", "scard",
     "zrange", "zrangebyscore", "zrangebylex", "zscore", "zmscore", "zcard", "zcount",
-    "xrange", "xlen", "xread",
+    "xrange", "xrevrange", "xinfo|stream", "xlen", "xread",
 )
 #: Keyless commands redis-py's Redis Cluster client needs to route calls: ``CLUSTER SLOTS``
 #: (the slot map, read on connect and after a failover or ``MOVED``), ``COMMAND`` (the
@@ -63,8 +63,13 @@ READ_COMMANDS = (
 #: (during a slot migration). They show the cluster's layout and the command table, no
 #: data; without them a role user cannot connect to a Cluster at all.
 CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "command", "asking")
-#: Granted only on the keys a role writes (one selector).
-WRITE_COMMANDS = ("hset", "hdel", "sadd", "srem", "zadd", "zrem", "xadd", "xtrim", "set", "pexpire", "del")
+#: Granted to the group roles on their group's keys only (one selector): what the group
+#: scripts write with. No role but stream.admin may DEL a key outside its own group.
+GROUP_WRITE_COMMANDS = ("hset", "hdel", "zadd", "zrem", "xadd", "del")
+#: Granted to stream.admin on every key of its stream.
+ADMIN_WRITE_COMMANDS = ("hset", "hdel", "sadd", "srem", "zadd", "zrem", "xadd", "xtrim", "del")
+#: Every write command some role holds (on its own keys only).
+WRITE_COMMANDS = ADMIN_WRITE_COMMANDS
 
 _GLOB_SPECIAL = "\\*?[]"
 
@@ -100,27 +105,34 @@ def rules(
     p = _glob(prefix)
     base = f"{p}:{{{_glob(f'{tenant}/{namespace}/{stream}')}/*}}"
     cap = capability_key(p, f"{_glob(f'{tenant}/{namespace}/{stream}')}/*", role, group)
-    shard_keys = [f"{base}:meta", f"{base}:log", f"{base}:groups"]
-    extra: list[str] = []
+    shard_keys = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
+    writes: list[tuple[tuple[str, ...], list[str]]]  # (commands, key patterns) per selector
     if role in GROUP_ROLE_CAPS:
         assert group is not None
         group_keys = [f"{base}:g:{_glob(group)}", f"{base}:g:{_glob(group)}:*"]
         read = [*shard_keys, *group_keys, cap]
-        write = group_keys + ([f"{base}:groups"] if role == "group.manage" else [])
+        writes = [(GROUP_WRITE_COMMANDS, group_keys)]
+        if role == "group.manage":
+            # names may be added to the groups set, never removed: SREM would let a
+            # manager of one group hide another from retention (docs/security.md)
+            writes.append((("sadd",), [f"{base}:groups"]))
     elif role == "stream.publish":
         # trimming (after a publish, when the stream has retention) reads every group's
-        # position; the idempotent producer takes its id from a counter shared by all
-        # tenants (and keeps its state in the shard's meta hash)
-        read = [*shard_keys, f"{base}:g:*", cap, producer_ids_key(p)]
-        write = [f"{base}:meta", f"{base}:log"]
-        extra = [f"(+incr ~{producer_ids_key(p)})"]
-    else:  # stream.admin: every key of the stream, and the registry all tenants share
-        read = [f"{base}:*", cap, registry_key(p)]
-        write = [f"{base}:*"]
-        extra = [f"(+zadd +zrem ~{registry_key(p)})", "+scan", "+info"]
+        # position; the producers' states live in meta; the settings (conf) are read only
+        read = [*shard_keys, f"{base}:g:*", cap]
+        writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"])]
+    else:  # stream.admin: every key of the stream, and its tenant's registry
+        read = [f"{base}:*", cap, registry_key(p, _glob(tenant))]
+        writes = [
+            (ADMIN_WRITE_COMMANDS, [f"{base}:*"]),
+            (("zadd", "zrem"), [registry_key(p, _glob(tenant))]),
+            (("sadd",), ["%W~" + tenants_key(p)]),
+        ]
     out = ["on", *(f"+{c}" for c in (*READ_COMMANDS, *CLUSTER_CLIENT_COMMANDS)), *(f"~{k}" for k in read)]
-    out.append("(" + " ".join([*(f"+{c}" for c in WRITE_COMMANDS), *(f"~{k}" for k in write)]) + ")")
-    return out + extra
+    for commands, keys in writes:
+        patterns = [k if k.startswith("%") else f"~{k}" for k in keys]
+        out.append("(" + " ".join([*(f"+{c}" for c in commands), *patterns]) + ")")
+    return out
 
 
 def setuser_args(user: str, rule_list: Sequence[str], *, reset: bool = False, password: str | None = None) -> list[str]:

@@ -30,7 +30,7 @@ from felix_redis.client import (
 )
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
-from felix_redis.keys import check_record_key
+from felix_redis.keys import check_record_key, producer_public_id
 from felix_redis.lane import (
     AsyncLane,
     NotSent,
@@ -54,6 +54,7 @@ from felix_redis.protocol import (
     Retrying,
     as_bytes,
     check_list,
+    new_producer_secret,
     xread_calls,
 )
 from felix_redis.sentinel_watch import AsyncSentinelWatch, sentinel_pool
@@ -461,7 +462,7 @@ class AsyncClient(_AwaitsToItself):
 
     async def idempotent_producer(self) -> AsyncIdempotentProducer:
         state = ProducerState()
-        state.producer_id = await self._drive(self.core.new_producer_id())
+        state.producer_id = new_producer_secret()
         return AsyncIdempotentProducer(self, state)
 
     # -- groups
@@ -616,8 +617,12 @@ class AsyncIdempotentProducer:
         self._lock = asyncio.Lock()
 
     @property
-    def id(self) -> int | None:
-        return self._state.producer_id
+    def id(self) -> str | None:
+        """The producer's public id (:func:`felix_redis.keys.producer_public_id`; its
+        state on a shard is meta's field ``producer:ID``); None after an unknown outcome
+        made it start over, until its next publish. The secret itself is never shown."""
+        secret = self._state.producer_id
+        return None if secret is None else producer_public_id(secret)
 
     async def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],

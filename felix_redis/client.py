@@ -38,7 +38,7 @@ from felix_redis.errors import (
     from_response,
     redact_url,
 )
-from felix_redis.keys import check_record_key
+from felix_redis.keys import check_record_key, producer_public_id
 from felix_redis.lane import Lane, NotSent, borrow, ensure_connected, lane_pool, pool_call, read_reply
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
 from felix_redis.protocol import (
@@ -54,6 +54,7 @@ from felix_redis.protocol import (
     Retrying,
     as_bytes,
     check_list,
+    new_producer_secret,
     retry_delays,
     xread_calls,
 )
@@ -398,10 +399,11 @@ class Client:
                 self.redis.connection_pool.get_master_address()
 
     def load_library(self) -> str:
-        """Loads the scripts as a Redis function library on the server now (on every
-        primary of a Cluster) and returns its name. Clients load it themselves where
-        their user may (``FUNCTION LOAD``); this is for servers whose felix-redis users
-        hold roles, which never include that right (docs/security.md)."""
+        """Installs the scripts as a Redis function library on the server now (on every
+        primary of a Cluster) and returns its name (``felixctl install``). Clients load
+        it themselves where their user may (``FUNCTION LOAD``); users holding felix-redis
+        roles may not, and get :class:`NotInstalled` until an administrator ran this
+        (docs/security.md)."""
         lib = self._runner.library
         try:
             self.redis.function_load(lib.code, replace=True)
@@ -414,7 +416,7 @@ class Client:
         (``felix_<digest>`` other than this client's; about 1 MB of server memory each)
         from the server, on every primary of a Cluster; returns their names. Clients of
         those versions still running load theirs again on their next call where their
-        user may, else run the same scripts through EVALSHA. Libraries with other names
+        user may, else fail with NotInstalled until it is installed again. Libraries with other names
         are left alone. Needs ``FUNCTION LIST`` and ``FUNCTION DELETE`` (an administrator)."""
         nodes = self.redis.get_primaries() if self._cluster else [None]
         steps = scripts.prune_steps(self._runner.library.name, [{"target_nodes": n} if n else {} for n in nodes])
@@ -561,9 +563,11 @@ class Client:
         return [Published(s, first + i) for i in range(count)]
 
     def idempotent_producer(self) -> IdempotentProducer:
-        """A producer with an id from Redis whose re-sends land once."""
+        """A producer whose re-sends land once. It holds a random secret that never
+        leaves the client except in its publishes; shards know it by a digest
+        (:attr:`IdempotentProducer.id`), so no other client can act as it."""
         state = ProducerState()
-        state.producer_id = self._drive(self.core.new_producer_id())
+        state.producer_id = new_producer_secret()
         return IdempotentProducer(self, state)
 
     # -- groups
@@ -863,8 +867,12 @@ class IdempotentProducer:
         self._state = state
 
     @property
-    def id(self) -> int | None:
-        return self._state.producer_id
+    def id(self) -> str | None:
+        """The producer's public id (:func:`felix_redis.keys.producer_public_id`; its
+        state on a shard is meta's field ``producer:ID``); None after an unknown outcome
+        made it start over, until its next publish. The secret itself is never shown."""
+        secret = self._state.producer_id
+        return None if secret is None else producer_public_id(secret)
 
     def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],

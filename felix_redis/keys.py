@@ -8,6 +8,7 @@ contain ``/``, ``:``, braces, ``|`` or spaces, so no two names map to the same k
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,15 @@ GROUP_ROLES = (
 #: matched again; bounded, it starts over when full.
 _checked: set[str] = set()
 _CHECKED_MAX = 4096
+
+
+def valid_name(value: object) -> bool:
+    """True when ``value`` is a valid tenant/namespace/stream/group/consumer name."""
+    try:
+        check_name(value, "a")
+    except InvalidArgument:
+        return False
+    return True
 
 
 def check_name(value: object, what: str) -> str:
@@ -157,6 +167,21 @@ class StreamName:
         base = self.base(shard)
         return [f"{base}:meta", f"{base}:log"]
 
+    def publish_keys(self, shard: int) -> list[str]:
+        """``[meta, log, conf]`` of one shard: what publish and stream_create take."""
+        base = self.base(shard)
+        return [f"{base}:meta", f"{base}:log", f"{base}:conf"]
+
+    def info_keys(self, shard: int) -> list[str]:
+        """``[meta, log, groups, conf]`` of one shard: what stream_info, stream_trim and
+        stream_delete take first."""
+        base = self.base(shard)
+        return [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
+
+    def conf_key(self, shard: int) -> str:
+        """The hash of one shard's settings (only ``stream.admin`` writes it)."""
+        return f"{self.base(shard)}:conf"
+
     def groups_key(self, shard: int) -> str:
         """The set of group names on one shard."""
         return f"{self.base(shard)}:groups"
@@ -166,27 +191,30 @@ class StreamName:
         g = f"{self.base(shard)}:g:{group}"
         return [g] + [f"{g}:{role}" for role in GROUP_ROLES[1:]]
 
-    def producer_key(self, shard: int, producer_id: int) -> str:
-        """The string key in which an earlier key layout kept a producer's state (now a
-        field of the meta hash, :func:`producer_field`); stream_delete still deletes any
-        left."""
-        return f"{self.base(shard)}:producer:{producer_id}"
 
 
-def producer_field(producer_id: int | str) -> str:
+def producer_public_id(secret: str) -> str:
+    """The id by which a shard knows an idempotent producer: the first 32 hex digits of
+    SHA1 of its secret (lua/includes/producer.lua computes the same from the secret each
+    publish presents). Anyone who may read the shard's meta hash sees it; only the
+    producer's client holds the secret."""
+    return hashlib.sha1(secret.encode()).hexdigest()[:32]
+
+
+def producer_field(public_id: str) -> str:
     """The meta-hash field holding an idempotent producer's state on a shard:
-    ``SEQ FIRST COUNT MS IDLE`` (lua/publish.lua)."""
-    return f"producer:{producer_id}"
+    ``producer:PUBLIC_ID`` = ``SEQ FIRST COUNT MS IDLE MAC`` (lua/publish.lua)."""
+    return f"producer:{public_id}"
 
 
-def registry_key(prefix: str) -> str:
-    """The sorted set of every stream (``tenant/namespace/stream``), for stream_list."""
-    return f"{prefix}:streams"
+def registry_key(prefix: str, tenant: str) -> str:
+    """The sorted set of one tenant's streams (``tenant/namespace/stream``), for stream_list."""
+    return f"{prefix}:streams:{tenant}"
 
 
-def producer_ids_key(prefix: str) -> str:
-    """The counter idempotent producers take their ids from."""
-    return f"{prefix}:producer-ids"
+def tenants_key(prefix: str) -> str:
+    """The set of tenant names that have (or had) a registry, for a listing of every tenant."""
+    return f"{prefix}:tenants"
 
 
 #: Roles granted per group and the capability-key suffix that stands for each.

@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import random
+import secrets
 import threading
 import time
 from collections.abc import Generator, Iterable, Sequence
@@ -39,9 +40,10 @@ from felix_redis.keys import (
     StreamName,
     check_name,
     check_record_key,
-    producer_ids_key,
     registry_key,
     shard_for_key,
+    tenants_key,
+    valid_name,
 )
 from felix_redis.models import (
     DeadLetter,
@@ -143,7 +145,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
     "group_poll", "group_ack", "group_configure",
 })
 RETRY_SAFE_COMMANDS = frozenset({
-    "INFO", "EXISTS", "TYPE", "SCAN", "SMEMBERS", "ZRANGE", "ZADD", "ZREM", "INCR", "PING",
+    "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING",
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -320,24 +322,26 @@ class StreamSettings:
     loaded_at: float = field(default_factory=time.monotonic)
 
 
-def local_producer_id() -> int:
-    """A random 62-bit producer id, made without a round trip (plain publishes)."""
-    return random.getrandbits(62) | 1
+def new_producer_secret() -> str:
+    """A producer's secret: 128 random bits as 32 hex digits (``secrets``), made without
+    a round trip. Only the client holds it; a shard knows the producer by a digest of it
+    (:func:`felix_redis.keys.producer_field`), so no other client can act as this producer."""
+    return secrets.token_hex(16)
 
 
 @dataclass
 class ProducerState:
-    """Producer id and the last sequence used per (stream, shard). ``local``: the id is
-    random (plain publishes) rather than taken from Redis."""
+    """Producer secret and the last sequence used per (stream, shard). ``local``: a
+    producer of the plain publishes' pool (:class:`ProducerPool`)."""
 
-    producer_id: int | None = None
+    producer_id: str | None = None
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     local: bool = False
 
     def reset(self) -> None:
-        """Forget the id: the next publish uses a new one, with sequences from 1."""
-        self.producer_id = local_producer_id() if self.local else None
+        """Forget the secret: the next publish uses a new one, with sequences from 1."""
+        self.producer_id = new_producer_secret() if self.local else None
         self.sequences.clear()
 
 
@@ -352,7 +356,7 @@ class ProducerPool:
         try:
             return self._free.pop()
         except IndexError:
-            return ProducerState(local_producer_id(), local=True)
+            return ProducerState(new_producer_secret(), local=True)
 
     def release(self, state: ProducerState) -> None:
         self._free.append(state)
@@ -476,7 +480,7 @@ class Core:
         #: (tenant, namespace, stream, shard, group) -> (name, path, keys, context)
         self._groups: dict[tuple[str, str, str, int, str], tuple[StreamName, str, list[str], str]] = {}
         #: (path, shard, spread) -> (meta key, log key, context), for publishing
-        self._shards: dict[tuple[str, int, int], tuple[str, str, str]] = {}
+        self._shards: dict[tuple[str, int, int], tuple[list[str], str]] = {}
         self._last_trim: dict[tuple[str, int], float] = {}
         self.producers = ProducerPool()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -525,7 +529,7 @@ class Core:
         if cached is not None:
             return cached
         reply = yield Eval(
-            "stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}"
+            "stream_info", name.info_keys(0), [], f"stream {name.path}"
         )
         meta = _pairs(reply[0])
         replication = int(meta["replication"])
@@ -585,11 +589,11 @@ class Core:
             max_payload, "max_payload", 1, 512 * 1024 * 1024
         )
         needed = replicas_needed(replication, consistency)
-        yield from self.check_registry()
+        yield from self.check_registry(name.tenant)
         # The shards' hash tags: spread over the slots for a new stream of several
         # shards; as shard 0 records them for one that exists (plain before spreading).
         try:
-            first = yield Eval("stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}")
+            first = yield Eval("stream_info", name.info_keys(0), [], f"stream {name.path}")
             spread = int(_pairs(first[0]).get("spread", 0))
         except NotFound:
             spread = shards if shards > 1 else 0
@@ -601,7 +605,7 @@ class Core:
         new = []
         for shard in range(shards):  # shard 0 first: it says how an existing stream differs
             args[2] = shard
-            if (yield Eval("stream_create", name.shard_keys(shard), list(args), f"stream {name.path} shard {shard}")):
+            if (yield Eval("stream_create", name.publish_keys(shard), list(args), f"stream {name.path} shard {shard}")):
                 new.append(shard)
         if replication > 1 and new:
             yield from self.check_copies(name, sorted(new), replication, force)
@@ -609,11 +613,13 @@ class Core:
         # and running the same call again completes it.
         args[9] = 0
         replies = yield from self.each_shard(
-            Eval("stream_create", name.shard_keys(shard), [*args[:2], shard, *args[3:]],
+            Eval("stream_create", name.publish_keys(shard), [*args[:2], shard, *args[3:]],
                  f"stream {name.path} shard {shard}", needed)
             for shard in reversed(range(shards))
         )
-        yield Cmd("ZADD", registry_key(self.prefix), 0, name.path, key=registry_key(self.prefix))
+        registry = registry_key(self.prefix, name.tenant)
+        yield Cmd("ZADD", registry, 0, name.path, key=registry)
+        yield Cmd("SADD", tenants_key(self.prefix), name.tenant, key=tenants_key(self.prefix))
         self.forget(name)
         return any(replies)
 
@@ -665,9 +671,9 @@ class Core:
             raise NotReplicated(f"{first} (applied on every shard; not confirmed on: {', '.join(unconfirmed)})")
         return replies
 
-    def check_registry(self) -> Plan[None]:
-        """WrongKeyType unless the stream registry is a sorted set (or missing)."""
-        key = registry_key(self.prefix)
+    def check_registry(self, tenant: str) -> Plan[None]:
+        """WrongKeyType unless the tenant's stream registry is a sorted set (or missing)."""
+        key = registry_key(self.prefix, tenant)
         kind = _text((yield Cmd("TYPE", key, key=key)))
         if kind not in ("zset", "none"):
             raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a zset; another application wrote it")
@@ -696,7 +702,7 @@ class Core:
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> Plan[StreamInfo]:
         name = self.name(tenant, namespace, stream)
         first = yield Eval(
-            "stream_info", [*name.shard_keys(0), name.groups_key(0)], [], f"stream {name.path}"
+            "stream_info", name.info_keys(0), [], f"stream {name.path}"
         )
         meta = _pairs(first[0])
         shards = int(meta["shards"])
@@ -704,7 +710,7 @@ class Core:
         replies = [first]
         for shard in range(1, shards):
             replies.append((yield Eval(
-                "stream_info", [*name.shard_keys(shard), name.groups_key(shard)], [],
+                "stream_info", name.info_keys(shard), [],
                 f"stream {name.path} shard {shard}",
             )))
         tails = [int(_pairs(r[0])["tail"]) for r in replies]
@@ -728,20 +734,32 @@ class Core:
         )
 
     def stream_list(self, tenant: str | None = None, namespace: str | None = None) -> Plan[list[tuple[str, str, str]]]:
+        """Streams of one tenant (its registry), or of every tenant the tenants set
+        names (an operator's listing: a tenant's admin may read its own registry only)."""
         if tenant is not None:
             check_name(tenant, "tenant")
         if namespace is not None:
             check_name(namespace, "namespace")
-        yield from self.check_registry()
-        members = yield Cmd("ZRANGE", registry_key(self.prefix), 0, -1, key=registry_key(self.prefix))
+        if tenant is not None:
+            tenants = [tenant]
+        else:
+            key = tenants_key(self.prefix)
+            kind = _text((yield Cmd("TYPE", key, key=key)))
+            if kind not in ("set", "none"):
+                raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a set; another application "
+                                   "wrote it")
+            # a tenant admin may add any name (SADD only): what is no tenant name is skipped
+            tenants = sorted(t for t in (_text(m) for m in (yield Cmd("SMEMBERS", key, key=key))) if valid_name(t))
         out = []
-        for member in members:
-            parts = _text(member).split("/")
-            if len(parts) != 3:
-                continue  # not written by felix-redis
-            t, n, s = parts
-            if (tenant is None or t == tenant) and (namespace is None or n == namespace):
-                out.append((t, n, s))
+        for t in tenants:
+            yield from self.check_registry(t)
+            registry = registry_key(self.prefix, t)
+            for member in (yield Cmd("ZRANGE", registry, 0, -1, key=registry)):
+                parts = _text(member).split("/")
+                if len(parts) != 3 or parts[0] != t:
+                    continue  # not written by felix-redis
+                if namespace is None or parts[1] == namespace:
+                    out.append((parts[0], parts[1], parts[2]))
         return out
 
     def stream_delete(self, tenant: str, namespace: str, stream: str) -> Plan[None]:
@@ -750,11 +768,12 @@ class Core:
             settings = yield from self.settings(name)
         except NotFound:
             # Gone already, maybe by a delete that stopped before it left the registry.
-            yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
+            registry = registry_key(self.prefix, name.tenant)
+            yield Cmd("ZREM", registry, name.path, key=registry)
             self.forget(name)
             raise
         name = self.laid(name, settings)
-        yield from self.check_registry()
+        yield from self.check_registry(name.tenant)
         existed = 0
         unconfirmed: NotReplicated | None = None
         # Shard 0 last: while it is there the stream exists, and a delete that stopped
@@ -763,10 +782,9 @@ class Core:
             for attempt in range(10):
                 groups = [_text(g) for g in (yield Cmd(
                     "SMEMBERS", name.groups_key(shard), key=name.groups_key(shard)))]
-                keys = [*name.shard_keys(shard), name.groups_key(shard)]
+                keys = name.info_keys(shard)
                 for group in groups:
                     keys += name.group_keys(shard, group)
-                keys += (yield from self.producer_keys(name, shard))
                 try:
                     existed = yield Eval(
                         "stream_delete", keys, [len(groups), *groups],
@@ -780,27 +798,13 @@ class Core:
                 except Conflict:
                     if attempt == 9:
                         raise
-        yield Cmd("ZREM", registry_key(self.prefix), name.path, key=registry_key(self.prefix))
+        registry = registry_key(self.prefix, name.tenant)
+        yield Cmd("ZREM", registry, name.path, key=registry)
         self.forget(name)
         if unconfirmed is not None:
             raise unconfirmed
         if not existed:
             raise NotFound(f"stream {name.path} does not exist")
-
-    def producer_keys(self, name: StreamName, shard: int) -> Plan[list[str]]:
-        """The shard's idempotent-producer keys (SCAN on the shard's node)."""
-        pattern = name.producer_key(shard, 0)[:-1] + "*"
-        found: list[str] = []
-        cursor: Any = 0
-        for _ in range(100_000):
-            cursor, keys = yield Cmd("SCAN", cursor, "MATCH", pattern, "COUNT", 1000,
-                                     key=name.shard_keys(shard)[0])
-            found += [_text(k) for k in keys]
-            if int(cursor) == 0:
-                break
-        return sorted(set(found))
-
-    # -- publishing
 
     def publish_plain(
         self,
@@ -827,13 +831,13 @@ class Core:
         finally:
             self.producers.release(state)
 
-    def shard_target(self, name: StreamName, shard: int) -> tuple[str, str, str]:
-        """The meta and log keys of a checked shard, and the context errors name."""
+    def shard_target(self, name: StreamName, shard: int) -> tuple[list[str], str]:
+        """The keys publish takes (meta, log, conf) of a checked shard, and the context
+        errors name."""
         where = (name.path, shard, name.spread)
         hit = self._shards.get(where) if type(shard) is int else None
         if hit is None:
-            meta, log = name.shard_keys(shard)
-            hit = (meta, log, f"stream {name.path} shard {shard}")
+            hit = (name.publish_keys(shard), f"stream {name.path} shard {shard}")
             if type(shard) is int:
                 _remember(self._shards, where, hit)
         return hit
@@ -872,11 +876,11 @@ class Core:
             shard = self.shard_of(name, settings, shard)
         else:
             shard = self.choose_shard(settings, None, raw_key)
-        meta, log, context = self.shard_target(name, shard)
+        keys, context = self.shard_target(name, shard)
         trims = bool(settings.max_len or settings.max_age)
         if producer is None:
             reply = yield Eval(
-                "publish", [meta, log], [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
+                "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
                 context, settings.replicas,
             )
             if trims:
@@ -885,12 +889,12 @@ class Core:
         # One plan at a time per producer (the caller holds its lock, or borrowed it
         # from the pool): its sequences reach a shard in order.
         if producer.producer_id is None:
-            producer.producer_id = yield from self.new_producer_id()
+            producer.producer_id = new_producer_secret()
         pid = producer.producer_id
         slot = (name.path, shard)
         seq = producer.sequences.get(slot, 0) + 1
         op = Eval(
-            "publish", [meta, log],
+            "publish", keys,
             [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
             context, settings.replicas,
         )
@@ -963,10 +967,10 @@ class Core:
                 next(self._round_robin) % settings.shards)
         elif type(shard) is not int or not 0 <= shard < settings.shards:
             return None
-        meta, log, context = self.shard_target(self.laid(name, settings), shard)
+        keys, context = self.shard_target(self.laid(name, settings), shard)
         slot = (path, shard)
         op = Eval(
-            "publish", [meta, log],
+            "publish", keys,
             [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, payload],
             context, settings.replicas,
         )
@@ -979,7 +983,11 @@ class Core:
         10 % (at most 1000 records), or, for an age limit, at most once a second."""
         if not (settings.max_len or settings.max_age):
             return
-        kept = int(reply[0]) + int(reply[1]) - int(reply[4])
+        # reply[4]: meta's 'first', a hint a publisher may have deleted or garbled by
+        # hand; then the trim (which reads the first record kept from the log) is due
+        hint = "" if reply[4] is None else _text(reply[4])
+        first = int(hint) if hint.isascii() and hint.isdigit() else 0
+        kept = int(reply[0]) + int(reply[1]) - first
         due = settings.max_len and kept > settings.max_len + max(1, min(1000, settings.max_len // 10))
         if settings.max_age and not due:
             last = self._last_trim.get((name.path, shard), 0.0)
@@ -994,7 +1002,7 @@ class Core:
         groups_key = name.groups_key(shard)
         for attempt in range(10):
             groups = sorted(_text(g) for g in (yield Cmd("SMEMBERS", groups_key, key=groups_key)))
-            keys = [*name.shard_keys(shard), groups_key]
+            keys = name.info_keys(shard)
             for group in groups:
                 keys += name.group_keys(shard, group)[:1] + name.group_keys(shard, group)[5:6]
             try:
@@ -1014,19 +1022,6 @@ class Core:
         for shard in range(settings.shards):
             total += yield from self.trim_shard(name, shard)
         return total
-
-    def new_producer_id(self) -> Plan[int]:
-        """A producer id: a counter from Redis, shifted, plus 20 random bits. A counter
-        that went back in a failover cannot hand the same id out twice."""
-        key = producer_ids_key(self.prefix)
-        kind = _text((yield Cmd("TYPE", key, key=key)))
-        if kind not in ("string", "none"):
-            raise WrongKeyType(f"key {key} holds a {kind} where felix-redis keeps a counter")
-        try:
-            n = yield Cmd("INCR", key, key=key)
-        except FelixError as exc:
-            raise WrongKeyType(f"key {key} does not hold a counter ({exc}); another application wrote it") from None
-        return (int(n) << 20) | random.getrandbits(20)
 
     # -- groups
 
@@ -1561,7 +1556,7 @@ class Core:
                 cursors[shard] = check_int(start, "start offset", 0, 2**52)
             elif start in C.STARTS:
                 reply = yield Eval(
-                    "stream_info", [*name.shard_keys(shard), name.groups_key(shard)], [],
+                    "stream_info", name.info_keys(shard), [],
                     f"stream {name.path} shard {shard}",
                 )
                 first, tail = _stream_tails(reply)

@@ -19,6 +19,8 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
+from felix_redis.errors import NotInstalled
+
 __all__ = [
     "READ_ONLY",
     "Library",
@@ -232,9 +234,10 @@ class Runner:
     for with :meth:`load`, and run a call again when :meth:`refused` switched it over.
 
     A client starts with functions (``functions=True``) and falls back to EVALSHA for
-    the rest of its life when the server or the user can't use them: ``FCALL`` or
-    ``FUNCTION LOAD`` refused by ACL (roles get ``+fcall`` but only an administrator may
-    load libraries, docs/security.md), or a server without functions."""
+    the rest of its life when the server has no functions (fakeredis) or the user may not
+    ``FCALL`` (a user of its own making with ``+evalsha``). A role user may ``FCALL`` but
+    neither load a library nor run scripts of its own: where the library is missing, it
+    gets :class:`NotInstalled` (docs/security.md)."""
 
     def __init__(self, functions: bool = True) -> None:
         self.functions = functions
@@ -266,11 +269,21 @@ class Runner:
 
     def refused(self, error: Any) -> bool:
         """After ``FCALL`` or ``FUNCTION LOAD`` failed with ``error``: True, and from now
-        on EVALSHA, when the error says functions are not for this user or server (the
-        call did not run and may be sent again); False for any other error."""
+        on EVALSHA, when the error says the server has no functions (the call did not
+        run and may be sent again); False for any other error.
+
+        Raises :class:`NotInstalled` when ``FUNCTION LOAD`` was refused by ACL: the
+        library is missing and this user may not install it. Roles run the library's
+        functions only (no ``EVALSHA``, no ``SCRIPT LOAD``: a user's own Lua could stall
+        the server), so there is nothing to fall back to."""
         if not self.functions or not isinstance(error, ResponseError):
             return False
         text = str(error).lower()
+        if isinstance(error, NoPermissionError) and "function" in text:
+            raise NotInstalled(
+                f"the felix-redis function library {self.library.name} is not installed on this server, and this "
+                "Redis user may not install it: an administrator runs `felixctl install` (or "
+                "client.load_library()) once per server and after every upgrade (docs/security.md)")
         if isinstance(error, NoPermissionError) or "unknown command" in text or "unknown subcommand" in text:
             self.functions = False
             return True

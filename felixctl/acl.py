@@ -29,7 +29,8 @@ def acl() -> None:
         "Set a password separately with ACL SETUSER USER >password, or with --password-from-env. "
         "--apply runs the command on every data node: on Sentinel the primary and every replica the "
         "sentinels know, on Cluster every node (ACL SETUSER is not replicated); a node it cannot reach "
-        "is named and the exit status is 1.",
+        "is named and the exit status is 1. --apply also installs this version's function library "
+        "(felixctl install): roles run the library's functions and nothing else.",
     ),
 )
 @click.argument("user")
@@ -66,19 +67,41 @@ def grant(
                 click.echo(f"not applied on {result}: {hide_password(result.error or '', ctl.known_url)}",
                            err=True)
         failed = [r for r in results if not r.ok]
+        if not failed:
+            # roles call the library's functions only: install this version's (idempotent)
+            name = ctl.client.load_library()
+            click.echo(f"installed: function library {name}", err=True)
         if failed:
             raise OperationError(
                 f"ACL SETUSER {user} not applied on {len(failed)} of {len(results)} nodes: "
                 + ", ".join(str(r) for r in failed) + " (run it again once they are back)")
 
 
+@click.command(
+    "install",
+    epilog=examples(
+        "felixctl install",
+        "felixctl --redis-url-file /run/secrets/felix-admin-url install",
+        note="Run it as the default user or an administrator (it needs FUNCTION LOAD) once per deployment "
+        "and after every upgrade of felix-redis (each version has its own library, felix_<digest>); "
+        "Sentinel replicas and a promoted replica get it by replication, and every Cluster primary is "
+        "loaded. Users holding felix-redis roles may call the library's functions (FCALL) but never load "
+        "code: until it is installed their clients fail with NotInstalled.",
+    ),
+)
+@pass_ctl
+def install(ctl: Ctl) -> None:
+    """Install this version's function library (every Cluster primary); prints its name."""
+    name = ctl.client.load_library()
+    click.echo(name)
+    click.echo(f"installed: function library {name}", err=True)
+
+
 @acl.command(
     "load-library",
     epilog=examples(
         "felixctl acl load-library",
-        note="Run it as the default user or an administrator (it needs FUNCTION LOAD), once per server and "
-        "again after a restart without persistence. Roles never get FUNCTION LOAD: their clients call the "
-        "library once it is there and run the same scripts through EVALSHA until then.",
+        note="The same as felixctl install (kept for scripts written for earlier versions).",
     ),
 )
 @pass_ctl

@@ -71,14 +71,14 @@ def cli(ctx: click.Context, redis_url: str | None, redis_url_file: str | None, t
 
 
 def _register() -> None:
-    from felixctl.acl import acl
+    from felixctl.acl import acl, install
     from felixctl.demo import demo
     from felixctl.groups import group
     from felixctl.records import pub, sub
     from felixctl.streams import stream
     from felixctl.worker_cmd import metrics, worker
 
-    for command in (stream, group, pub, sub, worker, metrics, demo, acl):
+    for command in (stream, group, pub, sub, worker, metrics, demo, acl, install):
         cli.add_command(command)
 
 

@@ -17,6 +17,7 @@ from felixctl.common import (
     pass_ctl,
     stream_argument,
     table,
+    visible,
     warnings_on_stderr,
     yes_option,
 )
@@ -120,7 +121,7 @@ def describe(ctl: Ctl, stream: str, output: str) -> None:
     ]
     width = max(len(k) for k, _ in facts)
     for k, v in facts:
-        click.echo(f"{k.ljust(width)}  {v}")
+        click.echo(f"{k.ljust(width)}  {visible(str(v))}")
     click.echo()
     rows: list[tuple[Any, ...]] = [
         (s, first, tail, tail - first) for s, (first, tail) in enumerate(zip(info.firsts, info.tails, strict=True))]
@@ -144,7 +145,7 @@ def list_(ctl: Ctl, everywhere: bool, output: str) -> None:
         emit_json([{"tenant": t, "namespace": n, "stream": s} for t, n, s in found])
         return
     for t, n, s in found:
-        click.echo(f"{t}/{n}/{s}" if everywhere else s)
+        click.echo(visible(f"{t}/{n}/{s}" if everywhere else s))
 
 
 @stream.command("delete", epilog=examples("felixctl stream delete jobs --yes"))

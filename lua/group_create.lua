@@ -19,7 +19,7 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- KEYS[14] groups    set: names of the groups on this shard
--- ARGV[1] name        the group name
+-- ARGV[1] name        the group name: the one KEYS[3] is of
 -- ARGV[2] start       'earliest', 'latest' or an offset (integer, 0..tail)
 -- ARGV[3] vt_ms       integer 1..604800000, visibility timeout (lease length) in ms
 -- ARGV[4] max_attempts integer 1..1000000, deliveries before a record is dead-lettered
@@ -30,18 +30,22 @@
 -- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1 when created, 0 when it existed (strict=0) or check=1.
 -- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
--- FELIX_INVALID (bad start, timeout or attempts), FELIX_WRONGTYPE.
+-- FELIX_INVALID (bad start, timeout or attempts; a name or key not the group's), FELIX_WRONGTYPE.
 --- @include "group"
 require_group_role('group.manage')
 local K = group_keys()
 local name, start = ARGV[1], ARGV[2]
+if name ~= group_shape().group then
+  fail('INVALID', 'ARGV[1] names group ' .. tostring(name) .. ', KEYS are those of group ' .. group_shape().group)
+end
 local vt = int_arg(ARGV[3], 'visibility_timeout_ms', 1, 604800000)
 local max = int_arg(ARGV[4], 'max_attempts', 1, 1000000)
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
 expect_type(KEYS[14], 'set')
-local m = redis.call('HMGET', K.meta, 'tail', 'first')
-if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-local tail, first = tonumber(m[1]), tonumber(m[2])
+if redis.call('EXISTS', K.meta) == 0 then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+-- the tail and the first record kept, as the log has them where meta was written by hand
+local tail = shard_tail(redis.call('HGET', K.meta, 'tail'), K.log)
+local first = log_first(K.log, tail)
 local pos
 if start == 'earliest' then
   pos = first

@@ -1,5 +1,8 @@
 -- group_delete: delete a consumer group on one shard with all its state. The records
--- stay in the log. Safe to run twice.
+-- stay in the log. Safe to run twice. The name stays in the groups set: a group manager
+-- may add names to it but never remove one (that could make retention drop another
+-- group's records); a name without a group hash counts as no group (stream_info,
+-- stream_trim); stream_delete (stream.admin) removes the set.
 --
 -- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
@@ -18,20 +21,23 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- KEYS[14] groups    set: names of the groups on this shard
--- ARGV[1] name       the group name
+-- ARGV[1] name       the group name: the one KEYS[3] is of
 -- ARGV[2] check      '1': validate only and write nothing; '0': delete
 --
 -- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
 -- Returns: 1 when deleted (or, with check=1, when it exists), 0 when it does not.
--- Errors: FELIX_NOPERM (no group.manage role), FELIX_INVALID (keys of another shard), FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no group.manage role), FELIX_INVALID (keys of another shard or group, a name not the
+-- group's), FELIX_WRONGTYPE.
 --- @include "group"
 require_group_role('group.manage')
 local K = group_keys()
+if ARGV[1] ~= group_shape().group then
+  fail('INVALID', 'ARGV[1] names group ' .. tostring(ARGV[1]) .. ', KEYS are those of group ' .. group_shape().group)
+end
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_role_type(K[kt[1]], kt[1], kt[2]) end
 expect_type(KEYS[14], 'set')
 local existed = redis.call('EXISTS', K.group)
 if ARGV[2] == '1' then return existed end
 for i = 3, 13 do redis.call('DEL', KEYS[i]) end
-redis.call('SREM', KEYS[14], ARGV[1])
 return existed

@@ -28,8 +28,10 @@ local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
 local position = S.pos
+-- the first record kept, from the log (meta's 'first' is a hint publishers may write)
+local first = log_first(K.log, S.tail)
 -- everything delivered is finished and retention removed what came next
-if S.pos == S.next and S.first > S.pos then position = S.first end
+if S.pos == S.next and first > S.pos then position = first end
 local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
 if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
 -- each lease covers FIRST..LAST (an earlier version's lease, with no held member, one
@@ -56,6 +58,6 @@ if position < S.tail then
   end
 end
 -- records retention removed before this group got to them, not yet counted by a poll
-local lost = math.max(0, S.first - S.next)
+local lost = math.max(0, first - S.next)
 return {position, S.tail, S.next + lost, owed, in_flight, redis.call('HLEN', K.dead), age, S.trimmed + lost,
   S.vt, S.max, now}

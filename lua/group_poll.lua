@@ -215,7 +215,13 @@ if want > 0 and S.next < S.tail then
       lfirst[#lfirst + 1] = fmt(a)
       llast[#llast + 1] = fmt(b)
     end)
-    if count == 0 then skip_trimmed(K, S, S.next, S.tail - 1); S.next = S.tail end
+    if count == 0 then
+      -- nothing from next on: retention trimmed up to the tail, or meta's tail was written
+      -- above the log by hand; only offsets the log really passed count as trimmed
+      local tail = math.min(S.tail, log_tail(K.log))
+      if tail > S.next then skip_trimmed(K, S, S.next, tail - 1) end
+      if tail > S.next then S.next = tail end
+    end
   end
   S.dirty = true
 end

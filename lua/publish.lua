@@ -1,21 +1,32 @@
 -- publish: append one or more records to one shard, atomically, with dense offsets.
--- With a producer id, the shard remembers the producer's last sequence and its offsets
--- in its meta hash: a re-send of that sequence returns the original offsets and appends
--- nothing.
+-- With a producer secret, the shard remembers the producer's last sequence and its
+-- offsets in its meta hash: a re-send of that sequence returns the original offsets and
+-- appends nothing.
 --
--- KEYS[1] meta         hash: settings, tail (next offset to assign), first (first offset
---                      kept); per idempotent producer ID the field 'producer:ID' =
---                      'SEQ FIRST COUNT MS IDLE' of its last publish (MS: its publish
---                      time, ms since the epoch; IDLE: ms after MS the field is kept at
---                      least), and 'producer_scan', the HSCAN cursor of their pruning
+-- KEYS[1] meta         hash: tail (next offset to assign), first (first offset kept); per
+--                      idempotent producer the field 'producer:DIGEST' (DIGEST: the first
+--                      32 hex digits of SHA1(SECRET)) = 'SEQ FIRST COUNT MS IDLE MAC' of its
+--                      last publish (MS: its publish time, ms since the epoch; IDLE: ms
+--                      after MS the field is kept at least; MAC: the first 16 hex digits
+--                      of SHA1(SECRET .. ' ' .. the five numbers)), and 'producer_scan',
+--                      the HSCAN cursor of their pruning
 -- KEYS[2] log          stream: records as entry ID OFFSET-PUBLISHMS, fields p (payload), k (key)
--- ARGV[1] key          record key, '' for none
--- ARGV[2] producer_id  decimal producer id, '' for a plain publish
+-- KEYS[3] conf         hash: the stream's settings (max_payload, bytes, is read here)
+-- ARGV[1] key          record key, '' for none; at most 1024 bytes
+-- ARGV[2] secret       the producer's secret, 32 to 64 characters [0-9a-f], '' for a
+--                      plain publish
 -- ARGV[3] sequence     integer >= 1, the producer's per-shard sequence ('0' when none)
 -- ARGV[4] idle_ms      integer, milliseconds the producer's state is kept after its last
 --                      publish on this shard
 -- ARGV[5..] payloads   1..10000 payloads (bytes)
 --
+-- A producer is known by its secret, which only its client holds: the field is named by
+-- a digest of it (anyone who may read meta sees the digest, never the secret), and the
+-- state carries a MAC made with it. A state whose MAC does not match (written by hand)
+-- counts as none: the publish appends. So no call can act as another producer, and a
+-- forged state can at worst make a re-send append again, never drop a record.
+-- The tail is trusted only as far as the log agrees: a tail below the log's last entry
+-- (written by hand) is replaced by the log's before anything is written.
 -- A producer's state is one field of the meta hash, read and written by the commands a
 -- publish sends anyway (HMGET, HSET). Fields past MS + IDLE are pruned a few at a time, by
 -- the publishes of producers new to the shard: an expired state left unpruned still
@@ -27,15 +38,17 @@
 -- first offset kept in the log (a string; the client trims when the log outgrows its
 -- retention)}. The two strings are passed on as Redis gave them: no number is parsed
 -- or formatted for them.
--- Errors: FELIX_NOPERM (no stream.publish role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (oversize payload, bad
--- argument), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
+-- Errors: FELIX_NOPERM (no stream.publish role), FELIX_NOT_FOUND (no such stream or shard),
+-- FELIX_INVALID (oversize payload or key, bad argument, keys not the shard's meta, log and
+-- conf), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
 --- @include "acl"
 --- @include "producer"
 require_stream_role('stream.publish')
-if #KEYS ~= 2 then fail('INVALID', 'publish takes 2 keys (meta, log), got ' .. fmt(#KEYS)) end
+require_shard_keys(SHARD_KEYS_PUBLISH)
 local count = #ARGV - 4
 if count < 1 or count > 10000 then fail('INVALID', 'a publish carries 1 to 10000 payloads') end
 local key, pid, seq_s, idle_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if #key > 1024 then fail('INVALID', 'a record key is at most 1024 bytes, got ' .. fmt(#key)) end
 local seq = int_arg(seq_s, 'sequence', 0, 2 ^ 52)
 -- the same few idle times come every call: checked once (and stored as given)
 int_arg_seen(idle_s, 'producer idle_ms', 1, 2 ^ 40)
@@ -43,37 +56,44 @@ int_arg_seen(idle_s, 'producer idle_ms', 1, 2 ^ 40)
 -- meta read and the first XADD (the first write itself).
 local meta, field, m = KEYS[1], nil, nil
 if pid == '' then
-  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first')
+  m = typed_call('hash', 'HMGET', meta, 'tail', 'first')
 else
   if seq < 1 then fail('INVALID', 'sequence must be >= 1') end
   field = producer_field(pid)
-  m = typed_call('hash', 'HMGET', meta, 'tail', 'max_payload', 'first', field)
+  m = typed_call('hash', 'HMGET', meta, 'tail', 'first', field)
 end
+local max_payload = setting_num(typed_call('hash', 'HGET', KEYS[3], 'max_payload'))
+-- (a shard of an earlier version keeps its settings in meta until stream_create moves them)
+if not max_payload then max_payload = setting_num(redis.call('HGET', meta, 'max_payload')) end
+if not max_payload then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 local tail_s = m[1]
-if not tail_s then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-local max_payload = setting_num(m[2])
+-- a tail that is not a plain decimal (written by hand): the log's
+if not tail_s or not s_match(tail_s, '^%d+$') then tail_s = fmt(log_tail(KEYS[2])) end
 for i = 5, #ARGV do
   if #ARGV[i] > max_payload then
     fail('INVALID', 'payload ' .. fmt(i - 5) .. ' is ' .. fmt(#ARGV[i]) .. ' bytes; this stream accepts at most '
       .. fmt(max_payload))
   end
 end
-local state = field and m[4]
+local state = field and m[3]
 if state then
-  -- state: 'SEQ FIRST COUNT MS IDLE'. The next sequence, the usual case, needs only
-  -- SEQ (cut out with a plain find); the whole state is matched for a re-send or a
-  -- refusal, and one this script did not write counts as none.
+  -- state: 'SEQ FIRST COUNT MS IDLE MAC'. The next sequence, the usual case, needs only
+  -- SEQ (cut out with a plain find): it appends whatever the state says. A re-send or a
+  -- refusal is answered from the state only when its MAC is this producer's; any other
+  -- state (written by hand, or by an earlier version) counts as none.
   local j = s_find(state, ' ', 1, true)
   local last = j and tonumber(s_sub(state, 1, j - 1))
   if last and seq ~= last + 1 then
-    local first, n, ms = s_match(state, '^%d+ (%d+) (%d+) (%d+) %d+$')
-    if first then
+    local five, first, n, ms, mac = s_match(state, '^(%d+ (%d+) (%d+) (%d+) %d+) (%x+)$')
+    if not five or producer_mac(pid, five) ~= mac then
+      state = nil
+    else
       if seq == last then
         if tonumber(n) ~= count then
           fail('SEQUENCE', 'sequence ' .. fmt(seq) .. ' was sent before with ' .. n .. ' records, now '
             .. fmt(count))
         end
-        return {tonumber(first), count, ms, 1, m[3]}
+        return {tonumber(first), count, ms, 1, m[2]}
       elseif seq < last then
         fail('SEQUENCE', 'sequence ' .. fmt(seq) .. ' is older than the last one (' .. fmt(last) .. ')')
       end
@@ -96,16 +116,31 @@ if field and not state then
   local found = scan[2]
   cursor, expired = scan[1], {}
   for i = 2, #found, 2 do
-    local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+)$')
+    -- (a state of an earlier version has no MAC: pruned all the same)
+    local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+) ?%x*$')
     if at and tonumber(at) + tonumber(idle) <= now then expired[#expired + 1] = found[i - 1] end
   end
 end
 local log, p, k = KEYS[2], 'p', 'k'
--- the first XADD is the first write: it doubles as the log's type check
+-- the first XADD is the first write: it doubles as the log's type check, and as the
+-- check that the tail is above the log's last entry (it refuses an ID not above it)
+local added
 if key ~= '' then
-  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
+  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
 else
-  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+end
+if type(added) == 'table' and added.err then
+  local text = tostring(added.err)
+  if s_find(text, 'WRONGTYPE', 1, true) then expect_type(log, 'stream') end
+  if not s_find(text, 'equal or smaller', 1, true) then error(added, 0) end
+  -- a tail below the log's (written by hand): the log's own, then the same XADD
+  tail_s = fmt(log_tail(log))
+  if key ~= '' then
+    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
+  else
+    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+  end
 end
 local tail, count_s = tonumber(tail_s), '1'
 if count > 1 then
@@ -122,9 +157,10 @@ end
 local new_tail = fmt(tail + count)
 if not field then
   redis.call('HSET', meta, 'tail', new_tail)
-  return {tail, count, ms, 0, m[3]}
+  return {tail, count, ms, 0, m[2]}
 end
-local new_state = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. idle_s
+local five = seq_s .. ' ' .. tail_s .. ' ' .. count_s .. ' ' .. ms .. ' ' .. idle_s
+local new_state = five .. ' ' .. producer_mac(pid, five)
 if state then
   redis.call('HSET', meta, 'tail', new_tail, field, new_state)
 else
@@ -133,4 +169,4 @@ else
   end
   redis.call('HSET', meta, 'tail', new_tail, field, new_state, 'producer_scan', cursor)
 end
-return {tail, count, ms, 0, m[3]}
+return {tail, count, ms, 0, m[2]}

@@ -1,8 +1,11 @@
 -- stream_create: create one shard of a stream, or confirm it exists with the same settings.
 -- Safe to run twice: a shard that exists with identical settings is left as it is.
 --
--- KEYS[1] meta         hash: the shard's settings, tail (next offset) and first offset
+-- KEYS[1] meta         hash: tail (next offset) and first offset (and the producers'
+--                      states, lua/publish.lua); publishers write it
 -- KEYS[2] log          stream: the records, entry ID OFFSET-PUBLISHMS
+-- KEYS[3] conf         hash: the shard's settings (ARGV 1-9, 11, 12 by name) and created
+--                      (ms); only stream.admin writes it
 -- ARGV[1] kind         'queue' or 'stream'
 -- ARGV[2] shards       integer 1..1024, shard count of the stream
 -- ARGV[3] shard        integer 0..shards-1, this shard
@@ -23,12 +26,16 @@
 --
 -- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
+-- A shard an earlier version made keeps its settings in meta: they are compared there and,
+-- when they match, moved to conf (check=0), out of publishers' reach.
 -- Returns: 1 when created (check=1: when it would be created), 0 when it existed with the
 -- same settings.
--- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (bad argument), FELIX_STREAM_EXISTS (exists with other
+-- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (bad argument, keys not the shard's meta, log and
+-- conf), FELIX_STREAM_EXISTS (exists with other
 -- settings; names the first that differs), FELIX_WRONGTYPE.
 --- @include "acl"
 require_stream_role('stream.admin')
+require_shard_keys(SHARD_KEYS_PUBLISH)
 local kind, consistency = ARGV[1], ARGV[5]
 if kind ~= 'queue' and kind ~= 'stream' then fail('INVALID', "kind must be 'queue' or 'stream'") end
 local shards = int_arg(ARGV[2], 'shards', 1, 1024)
@@ -45,26 +52,38 @@ if mode ~= 'safe' and mode ~= 'bounded' then fail('INVALID', "retention mode mus
 local spread = int_arg(ARGV[12], 'spread', 0, 1024)
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
-
+expect_type(KEYS[3], 'hash')
 local settings = {'kind', kind, 'shards', ARGV[2], 'shard', ARGV[3], 'replication', ARGV[4],
   'consistency', consistency, 'max_len', ARGV[6], 'max_age', ARGV[7], 'max_payload', ARGV[8],
   'name', ARGV[9], 'mode', mode, 'spread', ARGV[12]}
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- the settings live in conf; a shard of an earlier version has them in meta
+local have_conf = redis.call('EXISTS', KEYS[3]) == 1
+local old = not have_conf and redis.call('HEXISTS', KEYS[1], 'kind') == 1
+if have_conf or old then
+  local where = have_conf and KEYS[3] or KEYS[1]
   for i = 1, #settings, 2 do
-    local have = redis.call('HGET', KEYS[1], settings[i])
+    local have = redis.call('HGET', where, settings[i])
     if have == false and settings[i] == 'spread' then have = '0' end
     if have ~= settings[i + 1] then
       fail('STREAM_EXISTS', 'stream exists with ' .. settings[i] .. '=' .. tostring(have)
         .. ', not ' .. settings[i + 1])
     end
   end
+  if old and ARGV[10] ~= '1' then
+    local created = redis.call('HGET', KEYS[1], 'created') or fmt(now_ms())
+    redis.call('HSET', KEYS[3], 'created', created, unpack(settings))
+    local fields = {'created'}
+    for i = 1, #settings, 2 do fields[#fields + 1] = settings[i] end
+    redis.call('HDEL', KEYS[1], unpack(fields))
+  end
   return 0
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  fail('WRONGTYPE', 'key ' .. KEYS[2] .. ' exists without stream settings; another application wrote it')
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+  fail('WRONGTYPE', 'key ' .. KEYS[1] .. ' or ' .. KEYS[2] .. ' exists without stream settings (' .. KEYS[3]
+    .. '); another application wrote it, or a publisher wrote meta by hand')
 end
 if spread ~= 0 and spread ~= shards then fail('INVALID', 'spread must be 0 or the shard count') end
 if ARGV[10] == '1' then return 1 end
-local created = fmt(now_ms())
-redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0', 'created', created, unpack(settings))
+redis.call('HSET', KEYS[3], 'created', fmt(now_ms()), unpack(settings))
+redis.call('HSET', KEYS[1], 'tail', '0', 'first', '0')
 return 1

@@ -2,36 +2,40 @@
 -- The caller lists the shard's groups (SMEMBERS groups) and passes their keys; the
 -- script refuses if that list is out of date, so no group key is left behind.
 --
--- KEYS[1] meta      hash: the shard's settings
+-- KEYS[1] meta      hash: tail, first, producer states
 -- KEYS[2] log       stream: the records
 -- KEYS[3] groups    set: names of the groups on this shard
--- KEYS[4..] group keys, 11 per group in felix_redis.keys.GROUP_ROLES order
--- KEYS[4+11*count..] producer keys of this shard (strings; deleted too)
+-- KEYS[4] conf      hash: the shard's settings
+-- KEYS[5..] group keys, 11 per group in felix_redis.keys.GROUP_ROLES order, exactly the
+--                   keys of the groups ARGV names
 -- ARGV[1] count     integer, number of groups passed
 -- ARGV[2..] names   the group names, in the order of their keys
 --
 -- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
 -- Returns: 1 when deleted, 0 when the shard did not exist (safe to run twice).
--- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (arguments do not match), FELIX_CONFLICT (the group list changed
+-- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (arguments do not match, or a key is not the one
+-- the shard and the group names imply), FELIX_CONFLICT (the group list changed
 -- since the caller read it: read again and retry), FELIX_WRONGTYPE (any key passed,
--- group and producer keys included, holds another type: nothing is deleted).
+-- group keys included, holds another type: nothing is deleted).
 --- @include "roles"
 --- @include "acl"
 require_stream_role('stream.admin')
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 or #KEYS < 3 + 11 * count then fail('INVALID', 'group keys do not match the count') end
+if #ARGV ~= count + 1 then fail('INVALID', 'group names do not match the count') end
+require_shard_keys(SHARD_KEYS_INFO, true)
+require_group_keys(5, 11, {unpack(ARGV, 2)})
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 expect_type(KEYS[3], 'set')
+expect_type(KEYS[4], 'hash')
 for g = 0, count - 1 do
-  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_role_type(KEYS[3 + 11 * g + i], rt[1], rt[2]) end
+  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_role_type(KEYS[4 + 11 * g + i], rt[1], rt[2]) end
 end
-for i = 4 + 11 * count, #KEYS do expect_type(KEYS[i], 'string') end
 if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
 for i = 1, count do
   if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then fail('CONFLICT', 'the groups changed; retry') end
 end
-local existed = redis.call('EXISTS', KEYS[1])
+local existed = redis.call('EXISTS', KEYS[1]) == 1 and 1 or redis.call('EXISTS', KEYS[4])
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return existed

@@ -8,14 +8,17 @@
 --
 -- Returns: {tail, first offset still in the log, n, then n times: offset, publish ms,
 -- key (nil when none), payload}.
--- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID, FELIX_WRONGTYPE.
+-- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (bad argument, keys not
+-- the meta and log of one shard), FELIX_WRONGTYPE.
+--- @include "acl"
+require_shard_keys(SHARD_KEYS_READ)
 local from = int_arg(ARGV[1], 'from offset', 0, 2 ^ 52)
 local count = int_arg(ARGV[2], 'count', 1, 10000)
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
-local m = redis.call('HMGET', KEYS[1], 'tail', 'first')
-if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
-local out = {tonumber(m[1]), tonumber(m[2]), 0}
+if redis.call('EXISTS', KEYS[1]) == 0 then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+local tail = shard_tail(redis.call('HGET', KEYS[1], 'tail'), KEYS[2])
+local out = {tail, log_first(KEYS[2], tail), 0}
 local entries = redis.call('XRANGE', KEYS[2], fmt(from), '+', 'COUNT', count)
 for _, e in ipairs(entries) do
   local off, ms = parse_id(e[1])

@@ -5,10 +5,13 @@
 -- skip them silently. The caller lists the shard's groups and passes two keys of each;
 -- the script refuses if that list is out of date.
 --
--- KEYS[1] meta       hash: settings (kind, mode, max_len, max_age), tail, first
+-- KEYS[1] meta       hash: tail, first
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] groups     set: names of the groups on this shard
--- KEYS[4..] group keys, 2 per group: the group hash (pos) and its redo zset
+-- KEYS[4] conf       hash: settings (kind, mode, max_len, max_age)
+-- KEYS[5..] group keys, 2 per group: the group hash (pos) and its redo zset, exactly
+--                    the keys of the group ARGV names (a name whose group hash does
+--                    not exist holds nothing back)
 -- ARGV[1] count      integer, number of groups passed
 -- ARGV[2..] names    the group names, in the order of their keys
 --
@@ -16,20 +19,28 @@
 -- PREFIXcap:{TAG}:publish or PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
 -- Returns: {records trimmed now, first offset kept}.
 -- Errors: FELIX_NOPERM (no stream.publish or stream.admin role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
--- match), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
+-- match, or a key is not the one the shard and the group names imply), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
 --- @include "acl"
 require_stream_role('stream.publish', 'stream.admin')
 local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 or #KEYS ~= 3 + 2 * count then fail('INVALID', 'group keys do not match the count') end
+if #ARGV ~= count + 1 then fail('INVALID', 'group names do not match the count') end
+require_shard_keys(SHARD_KEYS_INFO, true)
+require_group_keys(5, 2, {unpack(ARGV, 2)})
 expect_type(KEYS[1], 'hash')
 expect_type(KEYS[2], 'stream')
 expect_type(KEYS[3], 'set')
+expect_type(KEYS[4], 'hash')
 for g = 0, count - 1 do
-  expect_type(KEYS[4 + 2 * g], 'hash')
-  expect_type(KEYS[5 + 2 * g], 'zset')
+  expect_type(KEYS[5 + 2 * g], 'hash')
+  expect_type(KEYS[6 + 2 * g], 'zset')
 end
-local m = redis.call('HMGET', KEYS[1], 'tail', 'first', 'max_len', 'max_age', 'kind', 'mode')
-if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+local c = redis.call('HMGET', KEYS[4], 'max_len', 'max_age', 'kind', 'mode')
+-- (a shard of an earlier version keeps its settings in meta until stream_create moves them)
+if not c[3] then c = redis.call('HMGET', KEYS[1], 'max_len', 'max_age', 'kind', 'mode') end
+if not c[3] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+-- the offsets as the log has them (a publisher may write meta by hand)
+local log_end = log_tail(KEYS[2])
+local m = {log_end, log_first(KEYS[2], log_end), c[1], c[2], c[3], c[4]}
 if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
 for i = 1, count do
   if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then fail('CONFLICT', 'the groups changed; retry') end
@@ -52,9 +63,9 @@ if max_age > 0 then
 end
 if m[5] == 'queue' and m[6] ~= 'bounded' then
   for g = 0, count - 1 do
-    local pos = tonumber(redis.call('HGET', KEYS[4 + 2 * g], 'pos'))
-    local redo = redis.call('ZRANGE', KEYS[5 + 2 * g], 0, 0, 'WITHSCORES')
-    if #redo > 0 and tonumber(redo[2]) < pos then pos = tonumber(redo[2]) end
+    local pos = tonumber(redis.call('HGET', KEYS[5 + 2 * g], 'pos'))
+    local redo = redis.call('ZRANGE', KEYS[6 + 2 * g], 0, 0, 'WITHSCORES')
+    if pos and #redo > 0 and tonumber(redo[2]) < pos then pos = tonumber(redo[2]) end
     if pos and pos < cut then cut = pos end
   end
 end

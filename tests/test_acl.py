@@ -138,7 +138,7 @@ def test_manage_user_redrives_and_discards(admin: felix_redis.Client, make_user:
 def test_publisher_publishes_only(admin: felix_redis.Client, make_user: Any) -> None:
     p = make_user(("stream.publish", "acme", "jobs", None))
     a = ("acme", "prod", "jobs")
-    assert p.publish(*a, b"new", shard=1).shard == 1  # idempotent by default: producer-ids INCR
+    assert p.publish(*a, b"new", shard=1).shard == 1  # idempotent by default: a producer secret, no INCR
     assert p.idempotent_producer().publish_keyed(*a, "k", b"keyed").offset >= 0
     with pytest.raises(PermissionDenied):
         p.group_poll(*a, 0, "workers")
@@ -227,13 +227,18 @@ def test_cli_grant_prints_and_applies(admin: felix_redis.Client, raw: redis.Redi
     assert printed.stdout.startswith(f"ACL SETUSER {user} on +ping")
     assert "felixcap:{acme/prod/jobs/*}:g:workers:consume" in printed.stdout
     assert raw.execute_command("ACL", "GETUSER", user) is None  # printing changes nothing
+    raw.function_flush()  # --apply installs the library the role calls
     try:
         applied = runner.invoke(cli, [*base, "--apply", "--password-from-env", "FELIXTEST_PW"],
                                 env={"FELIXTEST_PW": PW})
         assert applied.exit_code == 0, applied.output
         assert PW not in applied.output and ">***" in applied.stdout
         port = raw.connection_pool.connection_kwargs["port"]
-        assert applied.stderr.strip() == f"applied: group.consume for user {user} on 127.0.0.1:{port} (primary)"
+        name = felix_redis.scripts.library().name
+        assert applied.stderr.strip().splitlines() == [
+            f"applied: group.consume for user {user} on 127.0.0.1:{port} (primary)",
+            f"installed: function library {name}"]
+        assert [x[1] for x in raw.function_list()] == [name.encode()]
         c = felix_redis.connect(user_url(redis_url, user))
         assert c.group_poll("acme", "prod", "jobs", 0, "workers")
         c.close()
@@ -282,25 +287,44 @@ def test_cli_grant_refuses_missing_password_env() -> None:
     assert "FELIX_NO_SUCH_VAR_X" in result.stderr
 
 
-def test_roles_call_the_functions_an_admin_loaded_and_fall_back_to_evalsha_until_then(
+def test_roles_call_the_functions_an_admin_installed_and_fail_with_not_installed_until_then(
         admin: felix_redis.Client, make_user: Any, raw: redis.Redis) -> None:
-    """Roles get +fcall but never FUNCTION LOAD: a role's client on a server without the
-    library runs the same scripts through EVALSHA; once an administrator's client loaded
-    it, a role's client calls the functions, and the role checks hold there too."""
+    """Roles get +fcall but neither FUNCTION LOAD nor EVALSHA/SCRIPT LOAD: a role's client
+    on a server without the library fails with NotInstalled (a PermissionDenied) and
+    changes nothing; once an administrator installed it, role clients (the same one
+    too) call the functions, and the role checks hold there too."""
     a = ("acme", "prod", "jobs")
     raw.function_flush()
     u = make_user(("group.consume", "acme", "jobs", "workers"))
-    (r,) = u.group_poll(*a, 0, "workers", max_records=1)
-    assert not u._runner.functions
-    assert u.group_ack(*a, 0, "workers", r)
+    rules = acl.rules("group.consume", "acme", "prod", "jobs", "workers")
+    assert "+evalsha" not in rules and "+script|load" not in rules and "+fcall" in rules
+    before = dump_keyspace(raw)
+    raw.config_resetstat()
+    with pytest.raises(felix_redis.NotInstalled, match="felixctl install") as caught:
+        u.group_poll(*a, 0, "workers", max_records=1)
+    assert isinstance(caught.value, PermissionDenied)
+    with pytest.raises(felix_redis.NotInstalled):
+        u.publish(*a, b"x")  # whatever the role: nothing to fall back to
+    assert u._runner.functions  # no switch to EVALSHA
+    stats = raw.info("commandstats")
+    assert "cmdstat_evalsha" not in stats and "cmdstat_script|load" not in stats
     assert not raw.function_list()  # the role could not load it
-    admin.group_describe(*a, "workers")  # the default user's client loads the library
+    assert dump_keyspace(raw) == before
+    for command in (("SCRIPT", "LOAD", "return 1"), ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "0"),
+                    ("EVAL", "return 1", "0"), ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', "
+                                                                   "function() return 1 end)")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            u.redis.execute_command(*command)
+    assert admin.load_library() == felix_redis.scripts.library().name  # the administrator installs it
     v = make_user(("group.consume", "acme", "jobs", "workers"))
     raw.config_resetstat()
     (r,) = v.group_poll(*a, 0, "workers", max_records=1)
     assert v.group_ack(*a, 0, "workers", r)
+    (r,) = u.group_poll(*a, 0, "workers", max_records=1)  # the client that was refused works now
+    assert u.group_ack(*a, 0, "workers", r)
     stats = raw.info("commandstats")
-    assert v._runner.functions and stats["cmdstat_fcall"]["calls"] >= 2 and "cmdstat_evalsha" not in stats
+    assert v._runner.functions and u._runner.functions
+    assert stats["cmdstat_fcall"]["calls"] >= 4 and "cmdstat_evalsha" not in stats
     with pytest.raises(PermissionDenied, match=r"group\.manage role"):
         v.group_redrive(*a, 0, "workers")
     with pytest.raises(PermissionDenied):
@@ -362,7 +386,7 @@ def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Cli
     jobs, other = admin.core.name("acme", "prod", "jobs"), admin.core.name("acme", "prod", "other")
     u.publish("acme", "prod", "jobs", b"ok", shard=0)  # jobs' shape is known from here on
     before = dump_keyspace(raw)
-    keys = [jobs.shard_keys(0)[0], other.shard_keys(0)[1]]
+    keys = [jobs.publish_keys(0)[0], other.publish_keys(0)[1], jobs.publish_keys(0)[2]]
     for _ in range(2):
         with pytest.raises(redis.ResponseError, match=r"FELIX_INVALID key .* does not belong to the shard"):
             u._run_script("publish", keys, ["", "", "0", "60000", "x"])

@@ -144,7 +144,7 @@ def test_a_stream_delete_that_left_the_registry_behind_is_finished_by_the_next(
     stream is listed but gone; deleting it again says NotFound and unlists it."""
     name = c.core.name(T, N, S)
     for shard in range(SHARDS):
-        raw.delete(*name.shard_keys(shard))
+        raw.delete(*name.info_keys(shard))  # meta, log, groups and conf: the shard is gone
     assert (T, N, S) in c.stream_list(T, N)
     with pytest.raises(felix_redis.NotFound):
         c.stream_delete(T, N, S)

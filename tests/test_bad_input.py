@@ -701,19 +701,20 @@ def test_wrong_type_keys_of_a_new_group(role: str, stream: felix_redis.Client, s
         refused(WrongKeyType, lambda: stream.group_delete(T, N, S, "g2"), key)
 
 
-def test_wrong_type_producer_ids_counter(stream: felix_redis.Client, store: Any,
-                                         unchanged: Callable[[], Any]) -> None:
-    store.delete("felix:producer-ids")
-    store.rpush("felix:producer-ids", b"planted")
-    with unchanged():
-        refused(WrongKeyType, lambda: stream.idempotent_producer())
-
-
 def test_wrong_type_registry(stream: felix_redis.Client, store: Any, unchanged: Callable[[], Any]) -> None:
-    plant(store, "felix:streams")
+    plant(store, "felix:streams:acme")  # the tenant's registry
     with unchanged():
-        refused(WrongKeyType, lambda: stream.stream_list())
-        refused(WrongKeyType, lambda: stream.stream_list(T, N))
+        refused(WrongKeyType, lambda: stream.stream_list(), "felix:streams:acme")
+        refused(WrongKeyType, lambda: stream.stream_list(T, N), "felix:streams:acme")
+        refused(WrongKeyType, lambda: stream.stream_list(T), "felix:streams:acme")
+    assert stream.stream_list("other") == []  # another tenant's registry is its own
+
+
+def test_wrong_type_tenants_set(stream: felix_redis.Client, store: Any, unchanged: Callable[[], Any]) -> None:
+    plant(store, "felix:tenants")
+    with unchanged():
+        refused(WrongKeyType, lambda: stream.stream_list(), "felix:tenants")
+    assert stream.stream_list(T) == [(T, N, S)]  # one tenant's listing reads its registry only
 
 
 # -------------------------------------------------------------- connections and clients
@@ -731,7 +732,8 @@ def test_connection_failure_names_the_server_not_the_password(url: str) -> None:
     calls: list[Callable[[], Any]] = [
         c.stream_list,
         lambda: c.publish(T, N, S, b"x"),
-        c.idempotent_producer,
+        # a new producer makes its secret without a round trip: its first publish connects
+        lambda: c.idempotent_producer().publish(T, N, S, b"x"),
     ]
     for call in calls:
         with pytest.raises(felix_redis.ConnectionFailed) as info:
@@ -888,16 +890,16 @@ def test_replication_on_memory(backend: tuple[str, Any], client: felix_redis.Cli
 
 def test_stream_create_with_wrong_type_registry(client: felix_redis.Client, store: Any,
                                                 unchanged: Callable[[], Any]) -> None:
-    plant(store, "felix:streams")
+    plant(store, "felix:streams:acme")
     with unchanged():
-        refused(WrongKeyType, lambda: client.stream_create(T, N, S), "felix:streams")
+        refused(WrongKeyType, lambda: client.stream_create(T, N, S), "felix:streams:acme")
 
 
 def test_stream_delete_with_wrong_type_registry(stream: felix_redis.Client, store: Any,
                                                 unchanged: Callable[[], Any]) -> None:
-    plant(store, "felix:streams")
+    plant(store, "felix:streams:acme")
     with unchanged():
-        refused(WrongKeyType, lambda: stream.stream_delete(T, N, S), "felix:streams")
+        refused(WrongKeyType, lambda: stream.stream_delete(T, N, S), "felix:streams:acme")
 
 
 # --- 9. wrong class / silent deletes for wrong-type group keys
@@ -912,9 +914,11 @@ def test_group_create_over_a_wrong_type_group_hash(stream: felix_redis.Client, s
 # --- 10. foreign data inside felix keys of the right type
 def test_stream_list_with_a_foreign_registry_member(stream: felix_redis.Client, store: Any,
                                                     unchanged: Callable[[], Any]) -> None:
-    store.zadd("felix:streams", {"not-a-stream-path": 0})
+    # foreign members, and a path of another tenant planted in this tenant's registry
+    store.zadd("felix:streams:acme", {"not-a-stream-path": 0, "beta/prod/jobs": 0})
     with unchanged():
         assert stream.stream_list() == [(T, N, S)]  # foreign members are passed over
+        assert stream.stream_list(T) == [(T, N, S)]
 
 
 def test_dead_letters_with_a_foreign_entry(stream: felix_redis.Client, store: Any,
@@ -923,12 +927,6 @@ def test_dead_letters_with_a_foreign_entry(stream: felix_redis.Client, store: An
     with unchanged(), pytest.raises(FelixError):
         stream.group_dead_letters(T, N, S, 0, G)
 
-
-def test_producer_ids_counter_holding_text(stream: felix_redis.Client, store: Any,
-                                           unchanged: Callable[[], Any]) -> None:
-    store.set("felix:producer-ids", "not a number")
-    with unchanged():
-        refused(WrongKeyType, lambda: stream.idempotent_producer(), "felix:producer-ids")
 @pytest.mark.parametrize("op", ["group_configure", "group_delete"])
 def test_group_change_wrong_type_on_shard_1(op: str, client: felix_redis.Client, store: Any,
                                             unchanged: Callable[[], Any]) -> None:

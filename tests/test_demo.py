@@ -98,7 +98,7 @@ def test_demo_keep_leaves_the_stream(raw: redis.Redis, redis_url: str) -> None:
     check_story(out)
     tenant = re.search(r"--tenant (demo-[0-9a-f]+)", out)
     assert tenant is not None
-    members = [m.decode() for m in raw.zrange("felix:streams", 0, -1)]
+    members = [m.decode() for m in raw.zrange(f"felix:streams:{tenant.group(1)}", 0, -1)]
     assert members == [f"{tenant.group(1)}/checkout/orders"]
 
 

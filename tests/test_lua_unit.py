@@ -18,7 +18,10 @@ from felix_redis.scripts import lua_dir
 T, N, S, G = "acme", "prod", "jobs", "workers"
 NAME = StreamName.of("felix", T, N, S)
 SHARD = NAME.shard_keys(0)
+PUBLISH = NAME.publish_keys(0)  # meta, log, conf: what publish and stream_create take
+INFO = NAME.info_keys(0)  # meta, log, groups, conf: what stream_info, stream_trim and stream_delete take first
 GROUP = [*SHARD, *NAME.group_keys(0, G)]
+SECRET = "0123456789abcdef" * 2  # a well-formed producer secret
 
 
 # ------------------------------------------------------------------- prelude under lupa
@@ -126,7 +129,7 @@ def ready(stream: Client) -> Client:
 
 
 NEW_GROUP = [*SHARD, *NAME.group_keys(0, "g2"), NAME.groups_key(0)]
-NEW_STREAM = StreamName.of("felix", T, N, "fresh").shard_keys(0)
+NEW_STREAM = StreamName.of("felix", T, N, "fresh").publish_keys(0)
 OK_CREATE = ["queue", "2", "0", "1", "leader", "0", "0", "100", "acme/prod/fresh", "0", "safe", "2"]
 
 BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
@@ -158,12 +161,21 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("group_redrive", GROUP, ["list", "0", "x"]),
     ("group_discard", GROUP, ["some", "0"]),
     ("group_discard", GROUP, ["list", "0"]),
-    ("publish", SHARD, ["", "", "0", "0", b"x"]),
-    ("publish", SHARD, ["", "", "0", "1000"]),
-    ("publish", SHARD, ["", "7", "0", "1000", b"x"]),
-    ("publish", SHARD, ["", "7x", "1", "1000", b"x"]),
-    ("publish", SHARD, ["", "", "x", "1000", b"x"]),
-    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000", b"x"]),  # a third key (the producer key of an earlier layout)
+    ("publish", PUBLISH, ["", "", "0", "0", b"x"]),
+    ("publish", PUBLISH, ["", "", "0", "1000"]),
+    ("publish", PUBLISH, ["", SECRET, "0", "1000", b"x"]),  # a producer's sequence starts at 1
+    ("publish", PUBLISH, ["", "7x", "1", "1000", b"x"]),
+    ("publish", PUBLISH, ["", "7", "1", "1000", b"x"]),  # a producer id of an earlier version, not a secret
+    ("publish", PUBLISH, ["", SECRET[:31], "1", "1000", b"x"]),  # a secret too short
+    ("publish", PUBLISH, ["", SECRET * 2 + "0", "1", "1000", b"x"]),  # a secret too long
+    ("publish", PUBLISH, ["", SECRET.upper(), "1", "1000", b"x"]),  # not lower-case hex
+    ("publish", PUBLISH, ["", "", "x", "1000", b"x"]),
+    ("publish", PUBLISH, ["k" * 1025, "", "0", "1000", b"x"]),  # a record key over 1024 bytes
+    ("publish", PUBLISH, ["k" * 1025, SECRET, "1", "1000", b"x"]),
+    ("publish", SHARD, ["", "", "0", "1000", b"x"]),  # the conf key missing (the layout of an earlier version)
+    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000", b"x"]),  # a third key not the shard's conf
+    ("publish", [*PUBLISH, PUBLISH[0]], ["", "", "0", "1000", b"x"]),  # a fourth key
+    ("publish", [PUBLISH[1], PUBLISH[0], PUBLISH[2]], ["", "", "0", "1000", b"x"]),  # keys out of order
     ("stream_read", SHARD, ["-1", "1"]),
     ("stream_read", SHARD, ["0", "0"]),
     ("stream_create", NEW_STREAM, ["topic", *OK_CREATE[1:]]),
@@ -177,8 +189,20 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("stream_create", NEW_STREAM, [*OK_CREATE[:11], "3"]),  # spread for another shard count
     ("stream_create", NEW_STREAM, [*OK_CREATE[:11], "-1"]),
     ("stream_create", NEW_STREAM, OK_CREATE[:11]),  # no spread
-    ("stream_delete", [*SHARD, NAME.groups_key(0)], ["x"]),
-    ("stream_delete", [*SHARD, NAME.groups_key(0)], ["1", G]),  # keys of the group missing
+    ("stream_create", [*NEW_STREAM[:2], NEW_STREAM[0]], OK_CREATE),  # a third key not the shard's conf
+    ("stream_create", NEW_STREAM[:2], OK_CREATE),  # the conf key missing
+    ("stream_info", [*SHARD, NAME.groups_key(0)], []),  # the conf key missing
+    ("stream_info", [*INFO, INFO[0]], []),  # a fifth key
+    ("stream_delete", INFO, ["x"]),
+    ("stream_delete", INFO, ["1", G]),  # keys of the group missing
+    ("stream_delete", [*INFO, *NAME.group_keys(0, "g2")], ["1", G]),  # keys of another group than ARGV names
+    ("stream_delete", [*INFO, *NAME.group_keys(0, G), SHARD[0] + "x"], ["1", G]),  # a key more
+    ("stream_delete", [*SHARD, NAME.groups_key(0), *NAME.group_keys(0, G)], ["1", G]),  # the conf key missing
+    ("stream_trim", INFO, ["1", G]),  # keys of the group missing
+    ("stream_trim", [*INFO, *NAME.group_keys(0, "g2")[:1], NAME.group_keys(0, "g2")[5]], ["1", G]),  # made up
+    ("stream_trim", [*INFO, *NAME.group_keys(0, G)[:2]], ["1", G]),  # not the group hash and its redo set
+    ("group_create", NEW_GROUP, ["g3", "earliest", "1000", "5", "1"]),  # ARGV names a group KEYS are not of
+    ("group_delete", [*GROUP, NAME.groups_key(0)], ["g2"]),  # likewise
 ]
 
 
@@ -214,27 +238,30 @@ def test_stream_delete_refuses_a_stale_group_list(ready: Client, unchanged: Call
     from felix_redis.errors import Conflict
 
     with unchanged(), pytest.raises(Conflict):
-        run(ready, "stream_delete", [*SHARD, NAME.groups_key(0)], ["0"])
+        run(ready, "stream_delete", INFO, ["0"])
 
 
-def test_stream_delete_also_deletes_producer_keys_passed_to_it(ready: Client) -> None:
-    """Producer states live in the meta hash now; string keys an earlier release left
-    for them (producer:ID) are still found and deleted with the shard."""
+def test_stream_delete_deletes_the_conf_and_the_producer_states_with_the_shard(
+    ready: Client, unchanged: Callable[[], Any]
+) -> None:
+    """Producer states live in the meta hash and the settings in conf: stream_delete
+    takes meta, log, groups, conf and the groups' keys, and leaves nothing of the shard.
+    It takes no other key (an earlier release's producer string keys are not passed any
+    more): a key more is refused and nothing is deleted."""
     producer = ready.idempotent_producer()
     producer.publish(T, N, S, b"x", shard=0)
     assert ready.redis.hexists(SHARD[0], f"producer:{producer.id}")
-    legacy = NAME.producer_key(0, 9)
-    ready.redis.set(legacy, "1 1 0 1 1700000000000", px=3_600_000)
-    producers = [k.decode() for k in ready.redis.keys("*{acme/prod/jobs/0}:producer:*")]
-    assert producers == [legacy]
-    keys = [*SHARD, NAME.groups_key(0), *NAME.group_keys(0, G), *producers]
+    assert ready.redis.hget(NAME.conf_key(0), "kind") == b"queue"
+    keys = [*INFO, *NAME.group_keys(0, G)]
+    with unchanged(), pytest.raises(felix_redis.InvalidArgument):
+        run(ready, "stream_delete", [*keys, f"{NAME.base(0)}:producer:9"], ["1", G])
     assert run(ready, "stream_delete", keys, ["1", G]) == 1
     assert set(ready.redis.keys("*{acme/prod/jobs/0}*")) == set()
 
 
 def test_publish_refuses_oversize_raw_payload(client: Client, unchanged: Callable[[], Any]) -> None:
     client.stream_create(T, N, S, max_payload=10)
-    keys = SHARD
+    keys = PUBLISH
     assert run(client, "publish", keys, ["", "", "0", "1000", b"x" * 10])[:2] == [0, 1]
     with unchanged(), pytest.raises(felix_redis.InvalidArgument, match="at most 10"):
         run(client, "publish", keys, ["", "", "0", "1000", b"ok", b"x" * 11])

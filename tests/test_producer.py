@@ -1,8 +1,10 @@
-"""The idempotent producer and idempotent plain publishes: a re-send of a (producer id,
-sequence) the shard holds returns the original offsets and appends nothing."""
+"""The idempotent producer and idempotent plain publishes: a re-send of a (producer
+secret, sequence) the shard holds returns the original offsets and appends nothing."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 import time
 from typing import Any
@@ -12,8 +14,8 @@ import redis
 
 import felix_redis
 from felix_redis.errors import from_response
-from felix_redis.keys import producer_field
-from felix_redis.protocol import Eval, ProducerState, Sleep
+from felix_redis.keys import producer_field, producer_public_id
+from felix_redis.protocol import Eval, ProducerState, Sleep, new_producer_secret
 
 T, N, S = "acme", "prod", "jobs"
 
@@ -58,15 +60,28 @@ def producer_fields(client: felix_redis.Client, shard: int = 0) -> dict[bytes, b
     return {f: v for f, v in meta.items() if f.startswith(b"producer:")}
 
 
-def run_publish_script(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes,
+def secret_of(producer: felix_redis.IdempotentProducer) -> str:
+    """The producer's secret (what publish.lua takes as ARGV[2]); ``producer.id`` is its
+    public id, the digest naming its meta field."""
+    secret = producer._state.producer_id
+    assert secret is not None
+    return secret
+
+
+def state_mac(secret: str, five: str) -> str:
+    """The MAC publish.lua puts after a state's five numbers (lua/includes/producer.lua)."""
+    return hashlib.sha1(f"{secret} {five}".encode()).hexdigest()[:16]
+
+
+def run_publish_script(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes,
                        idle_ms: int = 3_600_000) -> list[Any]:
-    keys = client.core.name(T, N, S).shard_keys(0)
-    return client._run_script("publish", keys, [b"", pid, seq, idle_ms, *(payloads or [b"payload"])])
+    keys = client.core.name(T, N, S).publish_keys(0)
+    return client._run_script("publish", keys, [b"", secret, seq, idle_ms, *(payloads or [b"payload"])])
 
 
-def script_error(client: felix_redis.Client, pid: int, seq: int, *payloads: bytes) -> Exception | None:
+def script_error(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes) -> Exception | None:
     try:
-        run_publish_script(client, pid, seq, *payloads)
+        run_publish_script(client, secret, seq, *payloads)
     except redis.exceptions.ResponseError as exc:
         return from_response(str(exc))
     return None
@@ -75,7 +90,10 @@ def script_error(client: felix_redis.Client, pid: int, seq: int, *payloads: byte
 # ----------------------------------------------------------------------- ids
 
 
-def test_producers_get_distinct_ids_from_redis(client: felix_redis.Client, backend: tuple[str, Any]) -> None:
+def test_producers_get_distinct_secrets_and_ids(client: felix_redis.Client, backend: tuple[str, Any]) -> None:
+    """Each producer holds a random secret (32 hex digits) made without a round trip to
+    Redis; its public id is the digest of that secret, never the secret itself."""
+    before = set(client.redis.keys("*"))
     a = client.idempotent_producer()
     b = client.idempotent_producer()
     other = felix_redis.connect(backend[0])  # another process, same Redis
@@ -83,9 +101,16 @@ def test_producers_get_distinct_ids_from_redis(client: felix_redis.Client, backe
         c = other.idempotent_producer()
     finally:
         other.close()
+    assert set(client.redis.keys("*")) == before  # no counter, no key written
+    secrets = [secret_of(p) for p in (a, b, c)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", s) for s in secrets)
+    assert len(set(secrets)) == 3
     ids = [a.id, b.id, c.id]
-    assert all(isinstance(i, int) for i in ids)
+    assert ids == [producer_public_id(s) for s in secrets]
+    assert all(isinstance(i, str) and re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
     assert len(set(ids)) == 3
+    assert not set(ids) & set(secrets)
+    assert len({new_producer_secret() for _ in range(100)}) == 100
 
 
 def test_producer_publishes_dense_offsets(client: felix_redis.Client) -> None:
@@ -191,8 +216,7 @@ def test_plain_publish_without_idempotence_can_duplicate(
 
 def test_resend_of_held_sequence_returns_original_offsets(client: felix_redis.Client) -> None:
     client.stream_create(T, N, S)
-    pid = client.idempotent_producer().id
-    assert pid is not None
+    pid = secret_of(client.idempotent_producer())
     first, count, _ms, dup, _kept = run_publish_script(client, pid, 1, b"a", b"b")
     assert (first, count, dup) == (0, 2, 0)
     again = run_publish_script(client, pid, 1, b"a", b"b")
@@ -202,8 +226,7 @@ def test_resend_of_held_sequence_returns_original_offsets(client: felix_redis.Cl
 
 def test_sequence_gap_and_older_sequence_are_refused(client: felix_redis.Client) -> None:
     client.stream_create(T, N, S)
-    pid = client.idempotent_producer().id
-    assert pid is not None
+    pid = secret_of(client.idempotent_producer())
     run_publish_script(client, pid, 1)
     run_publish_script(client, pid, 2)
     before = tail(client)
@@ -227,22 +250,32 @@ def test_state_of_another_format_counts_as_none(client: felix_redis.Client) -> N
     only for a re-send or a refusal: a state it did not write is no state, whatever
     sequence comes."""
     client.stream_create(T, N, S)
-    pid = client.idempotent_producer().id
-    assert pid is not None
-    meta, field = meta_key(client), producer_field(pid)
+    pid = secret_of(client.idempotent_producer())
+    meta, field = meta_key(client), producer_field(producer_public_id(pid))
     run_publish_script(client, pid, 1)
-    seq, first, count, _ms, idle = client.redis.hget(meta, field).split()
-    assert (seq, first, count, idle) == (b"1", b"0", b"1", b"3600000")
-    for state in [b"7 0 1 1700000000000",  # a field missing
-                  b"0x7 0 1 1700000000000 3600000",  # not decimal
-                  b"7 0 1 1700000000000 3600000 9",  # a field too many
+    seq, first, count, ms, idle, mac = client.redis.hget(meta, field).decode().split()
+    assert (seq, first, count, idle) == ("1", "0", "1", "3600000")
+    assert mac == state_mac(pid, f"1 0 1 {ms} 3600000")
+    five = "7 0 1 1700000000000 3600000"
+    for state in [five.encode(),  # the MAC missing (the earlier format)
+                  f"{five} {state_mac(pid, five)} 9".encode(),  # a field too many
+                  f"{five} {state_mac(new_producer_secret(), five)}".encode(),  # another secret's MAC
+                  f"{five} {'0' * 16}".encode(),  # a MAC made up
+                  f"7 0 1 1700000000000 3600001 {state_mac(pid, five)}".encode(),  # numbers not the MAC's
+                  f"0x7 0 1 1700000000000 3600000 {state_mac(pid, '0x7 0 1 1700000000000 3600000')}".encode(),
                   b"7", b"junk", b""]:
         client.redis.hset(meta, field, state)
         before = tail(client)
         assert run_publish_script(client, pid, 7)[3] == 0, state  # appended, not a re-send
         assert tail(client) == before + 1
+        client.redis.hset(meta, field, state)
+        assert script_error(client, pid, 9) is None, state  # no refusal either: appended
+        assert tail(client) == before + 2
+        client.redis.hset(meta, field, state)
+        assert script_error(client, pid, 6) is None, state
+        assert tail(client) == before + 3
     # and a state it wrote still refuses what it must
-    client.redis.hset(meta, field, b"7 0 1 1700000000000 3600000")
+    client.redis.hset(meta, field, f"{five} {state_mac(pid, five)}".encode())
     assert isinstance(script_error(client, pid, 9), felix_redis.SequenceError)
     assert isinstance(script_error(client, pid, 6), felix_redis.SequenceError)
     assert run_publish_script(client, pid, 7)[3] == 1
@@ -256,7 +289,7 @@ def test_deleting_the_stream_deletes_its_producer_states(client: felix_redis.Cli
     producer = client.idempotent_producer()
     producer.publish(T, N, S, b"a", shard=0)
     producer.publish(T, N, S, b"b", shard=0)
-    assert list(producer_fields(client)) == [producer_field(producer.id or 0).encode()]
+    assert list(producer_fields(client)) == [producer_field(producer.id or "").encode()]
     client.stream_delete(T, N, S)
     client.stream_create(T, N, S)
     assert producer_fields(client) == {}
@@ -295,16 +328,15 @@ def test_producer_state_expires_after_idle_time(client: felix_redis.Client) -> N
     time.sleep(0.3)
     other = client.idempotent_producer()
     other.publish(T, N, S, b"b")
-    assert list(producer_fields(client)) == [producer_field(other.id or 0).encode()]
+    assert list(producer_fields(client)) == [producer_field(other.id or "").encode()]
     # the producer keeps going after its state was pruned
     assert producer.publish(T, N, S, b"c").offset == 2
-    assert set(producer_fields(client)) == {field, producer_field(other.id or 0).encode()}
+    assert set(producer_fields(client)) == {field, producer_field(other.id or "").encode()}
 
 
 def test_a_state_past_its_idle_time_but_not_yet_pruned_still_answers(client: felix_redis.Client) -> None:
     client.stream_create(T, N, S)
-    pid = client.idempotent_producer().id
-    assert pid is not None
+    pid = secret_of(client.idempotent_producer())
     assert run_publish_script(client, pid, 1, idle_ms=1)[3] == 0
     time.sleep(0.01)
     assert run_publish_script(client, pid, 1, idle_ms=1)[3] == 1  # a re-send, still known
@@ -317,19 +349,21 @@ def test_pruning_takes_bounded_steps_and_keeps_what_is_live(client: felix_redis.
     """Expired states are pruned a step (HSCAN COUNT 64) per publish of a producer new to
     the shard, resuming where the last step stopped: on a small (listpack) hash one step
     sees every field, on a large one a few dozen steps see them all. Live states and
-    values publish.lua did not write are kept."""
+    values that are no state are kept; an expired state of the earlier, MAC-less format
+    is pruned like the others (it would never answer again)."""
     client.stream_create(T, N, S)
     meta = meta_key(client)
     now = int(time.time() * 1000)
-    expired = {f"producer:{10**6 + i}": f"1 {i} 1 {now - 10_000} 5000" for i in range(planted)}
-    live = {f"producer:{2 * 10**6 + i}": f"1 {i} 1 {now - 10_000} 3600000" for i in range(5)}
+    expired = {f"producer:{10**6 + i}": f"1 {i} 1 {now - 10_000} 5000 {'0' * 16}" for i in range(planted)}
+    live = {f"producer:{2 * 10**6 + i}": f"1 {i} 1 {now - 10_000} 3600000 {'0' * 16}" for i in range(5)}
+    # an expired state of the earlier (MAC-less) format goes too; junk stays
+    expired["producer:old"] = f"1 0 1 {now - 10_000} 5000"
     odd = {"producer:junk": "junk"}
     client.redis.hset(meta, mapping={**expired, **live, **odd})
     steps = 0
     while len(producer_fields(client)) > len(live) + len(odd) + steps and steps < 200:
         steps += 1
-        pid = client.idempotent_producer().id
-        assert pid is not None
+        pid = secret_of(client.idempotent_producer())
         assert run_publish_script(client, pid, 1)[3] == 0
     fields = {f.decode() for f in producer_fields(client)}
     assert not fields & set(expired)

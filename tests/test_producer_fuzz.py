@@ -3,6 +3,8 @@ re-sends (with the same and another batch size), older sequences, gaps, plain pu
 producers new to a shard (each runs a pruning step) and short idle times, so that states
 expire and are pruned between calls.
 
+Producers are secrets (32 hex digits); a state is the meta field named by the secret's
+digest, 'SEQ FIRST COUNT MS IDLE MAC' with a MAC made with the secret.
 Before each call the producer's state is read from the meta hash; the call's outcome must
 be what that state dictates (append, duplicate answer, or SequenceError with nothing
 written). After each call: no other producer's state changed, a pruning step removed only
@@ -12,6 +14,7 @@ catches up with every state that expired, whatever the hash's size or encoding."
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -23,18 +26,26 @@ import redis
 
 import felix_redis
 from felix_redis.errors import SequenceError, from_response
+from felix_redis.keys import producer_field, producer_public_id
 
 T, N, S = "acme", "prod", "fuzz"
 SHARDS = 2
 LONG_IDLE = 3_600_000
 #: values publish.lua did not write: never pruned, never read as a state (the long one
 #: takes a Redis hash past its small listpack encoding: HSCAN then works a step at a time)
-JUNK = {b"producer:junk": b"junk", b"producer:77": b"1 2 3", b"producer:long": b"x" * 100}
+#: A state of an earlier version (no MAC, long expired) is not one publish.lua wrote either.
+JUNK = {b"producer:junk": b"junk", b"producer:77": b"1 2 3", b"producer:long": b"x" * 100,
+        b"producer:old": b"1 2 3 1 1"}
+
+
+def _mac(secret: str, five: str) -> str:
+    """The MAC publish.lua writes after a state's five numbers (lua/includes/producer.lua)."""
+    return hashlib.sha1(f"{secret} {five}".encode()).hexdigest()[:16]
 
 
 @dataclass
 class Producer:
-    pid: int
+    pid: str  # the secret
     idle: int
     #: per shard: (seq, first, count) of the last publish the shard accepted (appended)
     last: dict[int, tuple[int, int, int]] = field(default_factory=dict)
@@ -44,19 +55,29 @@ class Producer:
 class Shard:
     meta: str
     log: str
+    conf: str
     #: the payloads the log must hold, in offset order
     payloads: list[bytes] = field(default_factory=list)
 
 
-def _state(value: bytes | None) -> tuple[int, int, int, int, int] | None:
-    """SEQ FIRST COUNT MS IDLE of a state publish.lua wrote, else None."""
+def _state(value: bytes | None, secret: str | None = None) -> tuple[int, int, int, int, int] | None:
+    """SEQ FIRST COUNT MS IDLE of a state of the form publish.lua writes (with
+    ``secret``: only if its MAC is that producer's), else None."""
     if value is None:
         return None
-    parts = value.split()
-    if len(parts) != 5 or not all(p.isdigit() for p in parts):
+    parts = value.decode("latin-1").split(" ")
+    if len(parts) != 6 or not all(p.isdigit() for p in parts[:5]) or not parts[5]:
         return None
-    seq, first, count, ms, idle = (int(p) for p in parts)
+    if any(c not in "0123456789abcdefABCDEF" for c in parts[5]):
+        return None
+    if secret is not None and parts[5] != _mac(secret, " ".join(parts[:5])):
+        return None
+    seq, first, count, ms, idle = (int(p) for p in parts[:5])
     return seq, first, count, ms, idle
+
+
+def _field(p: Producer) -> bytes:
+    return producer_field(producer_public_id(p.pid)).encode()
 
 
 def _producer_fields(r: Any, meta: str) -> dict[bytes, bytes]:
@@ -67,17 +88,16 @@ class Fuzz:
     def __init__(self, client: felix_redis.Client, rng: random.Random) -> None:
         self.client, self.rng, self.r = client, rng, client.redis
         name = client.core.name(T, N, S)
-        self.shards = [Shard(*name.shard_keys(s)) for s in range(SHARDS)]
+        self.shards = [Shard(*name.publish_keys(s)) for s in range(SHARDS)]
         self.producers: list[Producer] = []
-        self.next_pid = 10**12 + rng.randrange(10**6)
         self.ops = 0
         self.pruned = 0
         self.prune_steps = 0
 
     def new_producer(self) -> Producer:
-        self.next_pid += 1
+        secret = f"{self.rng.getrandbits(128):032x}"  # as new_producer_secret(), from the seed
         idle = self.rng.choice([30, 120, LONG_IDLE, LONG_IDLE])
-        p = Producer(self.next_pid, idle)
+        p = Producer(secret, idle)
         self.producers.append(p)
         return p
 
@@ -91,10 +111,11 @@ class Fuzz:
             for i in range(150):
                 at, idle = self.rng.choice([(now_ms - 10_000, 5_000), (now_ms, self.rng.randrange(50, 3000)),
                                             (now_ms, LONG_IDLE)])
-                planted[f"producer:{base + i}"] = f"{self.rng.randint(1, 9)} {i} 1 {at} {idle}"
+                mac = f"{self.rng.getrandbits(64):016x}"  # not theirs to check: pruning reads MS and IDLE
+                planted[f"producer:{base + i}"] = f"{self.rng.randint(1, 9)} {i} 1 {at} {idle} {mac}"
             self.r.hset(sh.meta, mapping=planted)
 
-    def call(self, shard: int, pid: int | None, seq: int, count: int, idle: int) -> tuple[list[Any] | None, Any]:
+    def call(self, shard: int, pid: str | None, seq: int, count: int, idle: int) -> tuple[list[Any] | None, Any]:
         sh = self.shards[shard]
         tag = f"{self.ops}:{pid}:{seq}".encode()
         payloads = [tag + b":%d" % i for i in range(count)]
@@ -102,7 +123,7 @@ class Fuzz:
         args = [key, b"" if pid is None else pid, 0 if pid is None else seq, idle, *payloads]
         self.ops += 1
         try:
-            return self.client._run_script("publish", [sh.meta, sh.log], args), payloads
+            return self.client._run_script("publish", [sh.meta, sh.log, sh.conf], args), payloads
         except redis.exceptions.ResponseError as exc:
             error = from_response(str(exc))
             assert error is not None, exc
@@ -113,8 +134,8 @@ class Fuzz:
         sh = self.shards[shard]
         fields_before = _producer_fields(self.r, sh.meta)
         tail_before = int(self.r.hget(sh.meta, "tail"))
-        field_name = None if p is None else f"producer:{p.pid}".encode()
-        state = None if field_name is None else _state(fields_before.get(field_name))
+        field_name = None if p is None else _field(p)
+        state = None if p is None else _state(fields_before.get(_field(p)), p.pid)
         reply, outcome = self.call(shard, None if p is None else p.pid, seq, count,
                                    LONG_IDLE if p is None else p.idle)
         fields_after = _producer_fields(self.r, sh.meta)
@@ -143,7 +164,8 @@ class Fuzz:
             assert fields_after == fields_before, where
             return
         assert field_name is not None
-        assert fields_after.get(field_name) == f"{seq} {tail_before} {count} {now} {p.idle}".encode(), where
+        five = f"{seq} {tail_before} {count} {now} {p.idle}"
+        assert fields_after.get(field_name) == f"{five} {_mac(p.pid, five)}".encode(), where
         p.last[shard] = (seq, tail_before, count)
         others_before = {f: v for f, v in fields_before.items() if f != field_name}
         others_after = {f: v for f, v in fields_after.items() if f != field_name}
@@ -195,7 +217,7 @@ class Fuzz:
         expired before they started is left; returns the steps taken."""
         first = self.new_producer()
         self.publish(0, first, 1, 1)
-        t0 = int(self.r.hget(self.shards[0].meta, f"producer:{first.pid}").split()[3])
+        t0 = int(self.r.hget(self.shards[0].meta, _field(first)).split()[3])
         fields = _producer_fields(self.r, self.shards[0].meta)
         limit = 3 * len(fields) // 16 + 10
         for steps in range(1, limit + 1):

@@ -54,6 +54,23 @@ def test_safe_queue_never_trims_what_a_group_has_not_finished(client: felix_redi
         assert (shard.trimmed, shard.position, shard.lag) == (0, 200, 0)
 
 
+def test_a_deleted_group_holds_nothing_back(client: felix_redis.Client) -> None:
+    """group_delete leaves the name in the shard's groups set (a group manager may not
+    SREM); a name without its group hash counts as no group, also for retention."""
+    client.stream_create(T, N, "q", retention_max_len=50)
+    client.group_create(T, N, "q", "fast")
+    client.group_create(T, N, "q", "gone")
+    publish(client, "q", 200)
+    drain(client, "q", "fast", 200)
+    client.stream_trim(T, N, "q")
+    assert firsts(client, "q") == [0], "the other group has not finished anything"
+    client.group_delete(T, N, "q", "gone")
+    assert b"gone" in client.redis.smembers(client.core.name(T, N, "q").groups_key(0))
+    client.stream_trim(T, N, "q")
+    assert firsts(client, "q") == [150], "the length limit decides"
+    assert client.stream_describe(T, N, "q").groups == ["fast"]
+
+
 def test_unfinished_record_holds_the_cut_and_is_delivered_later(client: felix_redis.Client) -> None:
     client.stream_create(T, N, "q", retention_max_len=10)
     client.group_create(T, N, "q", "g")

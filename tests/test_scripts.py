@@ -259,21 +259,20 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
     for op in evals[name]:
         roles = [key_role(k) for k in op.keys]
         if name == "stream_delete":
-            # KEYS[4..]: one key per group role per group, in GROUP_ROLES order
-            assert roles[:3] == documented
-            rest = roles[3:]
-            producers = [r for r in rest if r == "producer"]
-            assert rest[len(rest) - len(producers):] == producers, "producer keys come last"
-            groups = rest[: len(rest) - len(producers)]
+            # KEYS[5..]: one key per group role per group, in GROUP_ROLES order, and
+            # nothing else (no producer keys of an earlier layout)
+            assert roles[:4] == documented == ["meta", "log", "groups", "conf"]
+            groups = roles[4:]
+            assert "producer" not in groups
             per = len(GROUP_ROLES)
             assert len(groups) % per == 0
             for i in range(0, len(groups), per):
                 assert tuple(groups[i:i + per]) == GROUP_ROLES
             assert "GROUP_ROLES" in header(name) and f"{per} per group" in header(name)
         elif name == "stream_trim":
-            # KEYS[4..]: the group hash and redo zset of each group
-            assert roles[:3] == documented
-            rest = roles[3:]
+            # KEYS[5..]: the group hash and redo zset of each group
+            assert roles[:4] == documented == ["meta", "log", "groups", "conf"]
+            rest = roles[4:]
             assert len(rest) % 2 == 0
             assert all(tuple(rest[i:i + 2]) == ("group", "redo") for i in range(0, len(rest), 2))
         else:
@@ -333,6 +332,8 @@ HELPER_ERRORS = {
     "check_claim": {"NOT_FOUND", "STALE_CLAIM"},
     "require_group_role": {"NOPERM", "INVALID"},
     "require_stream_role": {"NOPERM", "INVALID"},
+    "require_shard_keys": {"INVALID"},
+    "require_group_keys": {"INVALID"},
 }
 
 

@@ -65,19 +65,31 @@ def test_plain_names_keep_plain_tags() -> None:
 
 @pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 def test_a_stream_made_with_plain_tags_keeps_them(redis_url: str, raw: redis.Redis) -> None:
-    """A stream whose shard 0 records no spread (made before spreading) is addressed by
-    its plain tags: publish, poll, ack, describe, create again, delete."""
+    """A stream whose shard 0 records no spread (made before spreading, with its settings
+    in meta as versions before the conf hash kept them) is addressed by its plain tags:
+    create again (which moves the settings to conf), publish, poll, ack, describe, delete."""
     raw.flushdb()
     c = felix_redis.connect(redis_url)
     try:
         plain = StreamName.of("felix", T, N, "old")
         args = ["queue", "4", "0", "1", "leader", "0", "0", "1048576", plain.path, "0", "safe", "0"]
         for shard in reversed(range(4)):
-            c._eval(felix_redis.protocol.Eval("stream_create", plain.shard_keys(shard),
+            meta, _log, conf = plain.publish_keys(shard)
+            c._eval(felix_redis.protocol.Eval("stream_create", plain.publish_keys(shard),
                                               [*args[:2], str(shard), *args[3:]], "raw"))
-        raw.hdel(plain.shard_keys(0)[0], "spread")  # as an older version wrote it
-        raw.zadd("felix:streams", {plain.path: 0})
+            # as an older version wrote it: the settings in meta (and no spread), no conf
+            settings = raw.hgetall(conf)
+            del settings[b"spread"]
+            raw.hset(meta, mapping=settings)
+            raw.delete(conf)
+        raw.zadd(f"felix:streams:{T}", {plain.path: 0})
+        raw.sadd("felix:tenants", T)
         assert c.stream_create(T, N, "old", shards=4) is False
+        for shard in range(4):  # the settings moved to conf, out of publishers' reach
+            meta, _log, conf = plain.publish_keys(shard)
+            assert set(raw.hkeys(meta)) == {b"tail", b"first"}
+            assert raw.hget(conf, "kind") == b"queue" and raw.hget(conf, "shard") == str(shard).encode()
+            assert raw.hexists(conf, "created")
         c.group_create(T, N, "old", "g")
         published = c.publish(T, N, "old", b"x", shard=3)
         assert raw.xlen(plain.shard_keys(3)[1]) == 1 and published.offset == 0
@@ -100,7 +112,8 @@ def test_a_new_stream_records_its_spread(redis_url: str, raw: redis.Redis) -> No
         info = c.stream_describe(T, N, "new")
         assert info.tags == [spread_tag(f"{T}/{N}/new", s, 6) for s in range(6)]
         assert info.nodes is None  # not a Cluster
-        assert raw.hget(f"felix:{{{T}/{N}/new/0}}:meta", "spread") == b"6"
+        assert raw.hget(f"felix:{{{T}/{N}/new/0}}:conf", "spread") == b"6"
+        assert not raw.hexists(f"felix:{{{T}/{N}/new/0}}:meta", "spread")  # settings are not in meta
         for shard in range(1, 6):
             assert raw.exists(f"felix:{{{info.tags[shard]}}}:meta")
         assert not raw.exists(f"felix:{{{T}/{N}/new/1}}:meta")

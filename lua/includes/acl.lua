@@ -1,10 +1,11 @@
 -- acl: role checks against Redis ACL, atomic with the operation they guard.
--- A role is granted by giving the user access (ACL key pattern, with +evalsha) to a
+-- A role is granted by giving the user access (an ACL key pattern) to a
 -- capability key: PREFIXcap:{tenant/namespace/stream/shard}:g:GROUP:consume|manage for
 -- group roles, PREFIXcap:{...}:publish|admin for stream roles (docs/security.md). The
 -- capability key is derived from the shard's hash tag in KEYS[1]; it is never passed,
 -- read or written (it holds no data): redis.acl_check_cmd only evaluates whether the
--- calling user could run EVALSHA on it. Every key passed must carry that same tag, and a
+-- calling user could run EXISTS on it (every role holds +exists; the key pattern is what
+-- differs). Every key passed must carry that same tag, and a
 -- group operation's keys must be exactly its group's, so a capability of one stream or
 -- group cannot be used on the keys of another.
 -- Backends without ACL (fakeredis, memory://) have no redis.acl_check_cmd: no check.
@@ -89,15 +90,79 @@ local function require_group_role(role)
     cap = shape.prefix .. 'cap:{' .. shape.tag .. '}:g:' .. shape.group .. ':' .. s_sub(role, 7)
     shape.caps[role] = cap
   end
-  if not redis.acl_check_cmd('EVALSHA', '0', '1', cap) then
+  if not redis.acl_check_cmd('EXISTS', cap) then
     fail('NOPERM', 'this Redis user lacks the ' .. role .. ' role on group ' .. shape.group .. ' of stream '
       .. stream_of(shape.tag) .. ' (no ACL access to ' .. cap .. ')')
   end
 end
 
--- Streams whose KEYS[1] was parsed already: base, prefix, tag and capability keys (kept
--- between function calls, like the group key lists; bounded).
+-- Streams whose KEYS[1] was parsed already: base, prefix, tag, capability keys and the
+-- exact key lists checked (kept between function calls, like the group key lists; bounded).
 local STREAMS, streams = {}, 0
+
+-- The parsed shard of KEYS[1]: {prefix, tag, base = 'PREFIX:{TAG}:', caps, keys}.
+local function stream_shape()
+  local k1 = KEYS[1] or ''
+  local sh = STREAMS[k1]
+  if not sh then
+    local prefix, tag, base = shard_base()
+    sh = {prefix = prefix, tag = tag, base = base, caps = {}, keys = {}}
+    if streams >= 1024 then STREAMS, streams = {}, 0 end
+    STREAMS[k1], streams = sh, streams + 1
+  end
+  return sh
+end
+
+-- Key lists of the stream scripts: the shard's keys each takes first, by role name.
+local SHARD_KEYS_READ = {'meta', 'log'}
+local SHARD_KEYS_PUBLISH = {'meta', 'log', 'conf'}
+local SHARD_KEYS_INFO = {'meta', 'log', 'groups', 'conf'}
+
+-- Fails with INVALID unless KEYS[1..#names] are exactly the keys `names` of one shard
+-- (base .. name), and, unless `more`, there are no other keys. Runs with and without ACL:
+-- a script never acts on keys its arguments do not imply. Returns the shard.
+local function require_shard_keys(names, more)
+  local sh = stream_shape()
+  local want = sh.keys[names]
+  if not want then
+    want = {}
+    for i, n in ipairs(names) do want[i] = sh.base .. n end
+    sh.keys[names] = want
+  end
+  if not more and #KEYS ~= #want then
+    fail('INVALID', 'this script takes ' .. #want .. ' keys (' .. table.concat(names, ', ') .. '), got ' .. #KEYS)
+  end
+  for i = 1, #want do
+    if KEYS[i] ~= want[i] then
+      fail('INVALID', 'KEYS[' .. i .. '] is ' .. tostring(KEYS[i]) .. ', not ' .. want[i])
+    end
+  end
+  return sh
+end
+
+-- Fails with INVALID unless KEYS[from..] are, for each group name of names (ARGV
+-- values), exactly the `per` keys of that group on the shard of KEYS[1] in
+-- GROUP_ROLE_TYPES order (per = 11: all of them; per = 2: the group hash and its
+-- redo set), and nothing else.
+local function require_group_keys(from, per, names)
+  local base = stream_shape().base
+  if #KEYS ~= from - 1 + per * #names then
+    fail('INVALID', 'group keys do not match the group names: ' .. fmt(#KEYS - from + 1) .. ' keys for '
+      .. fmt(#names) .. ' groups')
+  end
+  for g, name in ipairs(names) do
+    if name == '' or s_find(name, '[:{}]') then fail('INVALID', 'bad group name ' .. name) end
+    local gkey = base .. 'g:' .. name
+    local at = from + per * (g - 1)
+    for j = 1, per do
+      local role = (per == 2 and j == 2) and 'redo' or GROUP_ROLE_TYPES[j][1]
+      local want = j == 1 and gkey or (gkey .. ':' .. role)
+      if KEYS[at + j - 1] ~= want then
+        fail('INVALID', 'KEYS[' .. (at + j - 1) .. '] is ' .. tostring(KEYS[at + j - 1]) .. ', not ' .. want)
+      end
+    end
+  end
+end
 
 -- The capability key of a stream role ('stream.publish' -> PREFIXcap:{TAG}:publish),
 -- made once per parsed stream sh.
@@ -111,18 +176,12 @@ local function stream_cap(sh, role)
 end
 
 -- Fails with NOPERM unless the user holds role ('stream.publish' or 'stream.admin'), or
--- else role2 when given, on the stream of KEYS[1]; every key must carry KEYS[1]'s shard tag.
+-- else role2 when given, on the stream of KEYS[1]; every key must carry KEYS[1]'s shard
+-- tag (each script also checks its exact keys: require_shard_keys, require_group_keys).
 local function require_stream_role(role, role2)
   if not redis.acl_check_cmd then return end
-  local k1 = KEYS[1] or ''
-  local sh = STREAMS[k1]
-  if not sh then
-    local prefix, tag, base = shard_base()
-    sh = {prefix = prefix, tag = tag, base = base, caps = {}}
-    if streams >= 1024 then STREAMS, streams = {}, 0 end
-    STREAMS[k1], streams = sh, streams + 1
-  end
-  local base = sh.base
+  local sh = stream_shape()
+  local base, k1 = sh.base, KEYS[1]
   for i = 2, #KEYS do
     -- a plain find at 1: no substring is made per key
     if s_find(KEYS[i], base, 1, true) ~= 1 then
@@ -130,11 +189,11 @@ local function require_stream_role(role, role2)
     end
   end
   local cap = stream_cap(sh, role)
-  if redis.acl_check_cmd('EVALSHA', '0', '1', cap) then return end
+  if redis.acl_check_cmd('EXISTS', cap) then return end
   local roles, missing = role, cap
   if role2 then
     local cap2 = stream_cap(sh, role2)
-    if redis.acl_check_cmd('EVALSHA', '0', '1', cap2) then return end
+    if redis.acl_check_cmd('EXISTS', cap2) then return end
     roles, missing = role .. ' or ' .. role2, cap .. ' or ' .. cap2
   end
   fail('NOPERM', 'this Redis user lacks the ' .. roles .. ' role on stream '

@@ -142,9 +142,9 @@ end
 -- group's state S. Nothing is written.
 local function load_group(K)
   check_types(K)
-  local m = typed_call('hash', 'HMGET', K.meta, 'tail', 'first')
-  if not m[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
+  local tail_s = typed_call('hash', 'HGET', K.meta, 'tail')
   local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top')
+  if not tail_s and not g[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
   local top_first, top_last = false, false
   if g[8] then
@@ -153,7 +153,7 @@ local function load_group(K)
     top_first, top_last = tonumber(f), tonumber(l)
   end
   return {
-    tail = tonumber(m[1]), first = tonumber(m[2]),
+    tail = shard_tail(tail_s, K.log),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
     wseq = tonumber(g[5]), cons = g[6] == '1', trimmed = tonumber(g[7] or '0'),
     top_first = top_first, top_last = top_last, loaded_top_first = top_first, loaded_top_last = top_last,

@@ -113,3 +113,36 @@ local function entry_fields(fields)
   end
   return payload, key
 end
+
+-- The offset after the last entry of a log (0 for an empty or missing one): the tail
+-- the log itself implies (an emptied log keeps its last generated ID, read from XINFO
+-- STREAM). For a tail that meta does not hold as a number (a publisher may write meta).
+local function log_tail(log)
+  local last = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)[1]
+  local id = last and last[1]
+  if not id and redis.call('EXISTS', log) == 1 then
+    local info = redis.call('XINFO', 'STREAM', log)
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then id = info[i + 1] end
+    end
+  end
+  if not id then return 0 end
+  return tonumber(s_match(id, '^%d+')) + 1
+end
+
+-- meta's tail (a string) as a number when it is one (a non-negative integer), else the
+-- log's: a publisher may write meta by hand, so a missing or garbled tail is no error.
+local function shard_tail(tail_s, log)
+  local n = tonumber(tail_s)
+  if n and n >= 0 and n == math.floor(n) then return n end
+  return log_tail(log)
+end
+
+-- The offset of the log's first entry, or tail when it holds none: the first record
+-- kept, from the log itself (meta's 'first' is only a hint for when to trim; publishers
+-- may write it).
+local function log_first(log, tail)
+  local e = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)[1]
+  if not e then return tail end
+  return tonumber(s_match(e[1], '^%d+'))
+end
