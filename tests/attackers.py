@@ -19,6 +19,7 @@ import felix_redis
 from felix_redis import scripts
 from felix_redis.keys import StreamName
 from felixctl.cli import cli
+from tests.conftest import dump_keyspace
 
 #: The default user's password (requirepass) and every role user's.
 ADMIN_PW = "admin-pw-7d1c"
@@ -152,6 +153,30 @@ def shard0(tenant: str = "acme", stream: str = "jobs") -> dict[str, str]:
     meta, log = name.shard_keys(0)
     return {"meta": meta, "log": log, "conf": f"{name.base(0)}:conf", "groups": name.groups_key(0),
             "base": name.base(0)}
+
+
+def group_key(group: str, part: str = "", tenant: str = "acme") -> str:
+    """A key of ``group`` on shard 0 of ``tenant``/prod/jobs: its hash, or its ``part``
+    (``dead``, ``owed``, ... as docs/keys.md names them)."""
+    return f"{shard0(tenant)['base']}:g:{group}" + (f":{part}" if part else "")
+
+
+def keys_without(raw: redis.Redis, marker: str) -> dict[bytes, Any]:
+    """The keyspace (``dump_keyspace``) but for the keys whose name holds ``marker``."""
+    return {k: v for k, v in dump_keyspace(raw).items() if marker.encode() not in k}
+
+
+@contextlib.contextmanager
+def library_loaded(raw: redis.Redis, code: str) -> Iterator[str]:
+    """``with library_loaded(admin_raw, "#!lua name=x ...") as name:`` another application's
+    function library, loaded by the default user and deleted afterwards (functions
+    outlive FLUSHALL, and other tests count the libraries)."""
+    name = raw.function_load(code)
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    try:
+        yield name
+    finally:
+        raw.function_delete(name)
 
 
 def log_entries(raw: redis.Redis, log: str) -> list[tuple[int, bytes]]:
