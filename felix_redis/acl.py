@@ -4,17 +4,18 @@ A role is held on one group (``group.consume``, ``group.manage``) or one stream
 (``stream.publish``, ``stream.admin``). :func:`rules` builds the ``ACL SETUSER`` rules that
 grant it, least privilege first:
 
-* the root rules give ``+fcall`` (the scripts as functions, once an administrator's
-  client loaded the library: loading one, ``function|load``, is never granted, since it
-  could replace the library every user runs), ``+evalsha`` and ``+script|load`` (the
-  content-addressed fallback a client uses when it cannot call the functions), the read
-  commands the scripts and the client use, the keyless commands redis-py's Cluster
-  client routes with (:data:`CLUSTER_CLIENT_COMMANDS`), and key patterns for
-  every key the role's operations touch, including the role's capability key
-  (:func:`felix_redis.keys.capability_key`), which every script checks with
+* the root rules give ``+fcall`` (the library's functions, which an administrator
+  installs: no role may load code, ``function|load``/``script|load``, nor run its own,
+  ``eval``/``evalsha``), the read commands the scripts and the client use, the keyless
+  commands redis-py's Cluster client routes with (:data:`CLUSTER_CLIENT_COMMANDS`), and
+  read access to every key the role's operations touch, including the role's capability
+  key (:func:`felix_redis.keys.capability_key`), which every script checks with
   ``redis.acl_check_cmd`` before it does anything;
-* one selector ``(...)`` gives the write commands the scripts use, only on the keys the
-  role writes (a consumer writes its group's keys, never the log or another group).
+* selectors ``(...)`` give the write commands the scripts use, only on the keys the role
+  writes: a consumer its group's keys; a manager also ``SADD`` (never ``SREM``) on the
+  groups set; a publisher ``HSET``/``HDEL`` on meta and ``XADD``/``XTRIM`` on the log
+  (never ``DEL``, never the settings in conf); an admin every key of its stream and its
+  tenant's registry.
 
 Redis 7 runs a script's ``redis.call`` with the caller's ACL, so the commands a script uses
 must be granted, and a user can run them directly too: within the keys a role writes, ACL

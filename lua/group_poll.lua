@@ -206,10 +206,14 @@ if want > 0 and S.next < S.tail then
     for _, e in ipairs(entries) do
       local m = s_match(e[1], '^%d+')
       local off = tonumber(m)
-      if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
-      lease(m, e[1], 1, e[2])
-      fresh[#fresh + 1] = off
-      S.next = off + 1
+      -- a second entry at an offset (added by hand with a later time) is no record: the
+      -- offset's record is its first entry, as a redelivery's XRANGE O O finds it
+      if off >= S.next then
+        if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
+        lease(m, e[1], 1, e[2])
+        fresh[#fresh + 1] = off
+        S.next = off + 1
+      end
     end
     each_stretch(fresh, function(a, b)
       lfirst[#lfirst + 1] = fmt(a)

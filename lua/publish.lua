@@ -25,8 +25,9 @@
 -- state carries a MAC made with it. A state whose MAC does not match (written by hand)
 -- counts as none: the publish appends. So no call can act as another producer, and a
 -- forged state can at worst make a re-send append again, never drop a record.
--- The tail is trusted only as far as the log agrees: a tail below the log's last entry
--- (written by hand) is replaced by the log's before anything is written.
+-- The tail is trusted only as far as the log agrees: a tail that is not a number, or
+-- that an entry of the log has reached (written by hand), is replaced by the log's
+-- before anything is written, so no two publishes share an offset.
 -- A producer's state is one field of the meta hash, read and written by the commands a
 -- publish sends anyway (HMGET, HSET). Fields past MS + IDLE are pruned a few at a time, by
 -- the publishes of producers new to the shard: an expired state left unpruned still
@@ -122,25 +123,15 @@ if field and not state then
   end
 end
 local log, p, k = KEYS[2], 'p', 'k'
--- the first XADD is the first write: it doubles as the log's type check, and as the
--- check that the tail is above the log's last entry (it refuses an ID not above it)
-local added
+-- The offsets from the tail on must be free: an entry there (meta's tail written below
+-- the log by hand, or an entry a publisher added around the library) would share an
+-- offset with this publish. The usual answer is an empty range, found with one seek.
+if #typed_call('stream', 'XRANGE', log, tail_s, '+', 'COUNT', 1) > 0 then tail_s = fmt(log_tail(log)) end
+-- the first XADD is the first write: it doubles as the log's type check
 if key ~= '' then
-  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
+  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
 else
-  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
-end
-if type(added) == 'table' and added.err then
-  local text = tostring(added.err)
-  if s_find(text, 'WRONGTYPE', 1, true) then expect_type(log, 'stream') end
-  if not s_find(text, 'equal or smaller', 1, true) then error(added, 0) end
-  -- a tail below the log's (written by hand): the log's own, then the same XADD
-  tail_s = fmt(log_tail(log))
-  if key ~= '' then
-    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
-  else
-    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
-  end
+  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
 end
 local tail, count_s = tonumber(tail_s), '1'
 if count > 1 then

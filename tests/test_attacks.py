@@ -358,7 +358,7 @@ def test_xadd_maxlen_0_is_the_documented_remaining_power(admin: felix_redis.Clie
     assert [(r.offset, r.payload) for r in records] == [(published.offset, b"after")]
     admin.group_ack(*S, 0, "workers", records[0])
     shard = admin.group_describe(*S, "workers").shards[0]
-    assert shard.trimmed == published.offset and published.offset in (6, 7)
+    assert shard.trimmed == published.offset == 6  # the raw entry went with the MAXLEN 0 it came with
     assert int(admin_raw.hget(f"{K['base']}:g:workers", "trimmed") or 0) == published.offset
     assert shard.position == published.offset + 1
     assert [(r.offset, r.payload) for r in admin.group_poll(*S, 0, "other", max_records=10)] == [
@@ -909,34 +909,36 @@ def test_a_raw_xadd_star_skips_offsets_and_loses_nothing(admin: felix_redis.Clie
         assert (shard.trimmed, shard.position, shard.lag) == (star - 6, star + 2, 0)
 
 
-# row: stream.publish | append around the library: "a second entry at the last offset" ...
-# "hand out every record that exists; none is lost". Not so today: both entries at the
-# offset are handed out, but the group keeps one lease per offset (see the reason). With
-# "publish", the raw entry takes the tail's offset with a low ms and the next publish
-# (someone else's record) becomes the second entry at that offset.
-@pytest.mark.xfail(strict=True, reason="a second entry at an offset shares that offset's lease: once the "
-                   "first entry is acked, the second, unacked, is never handed out again; the lease left "
-                   "over redelivers the first, acked, until it is a dead letter (docs/security.md says none "
-                   "is lost)")
+# row: stream.publish | append around the library: "a second entry at the last offset"
+# ("groups hand out every record that exists; none is lost"). A second entry at an
+# offset is no record for a group (the offset's record is its first entry); an entry a
+# publisher adds at the tail makes the next publish take the offset after it, so no two
+# publishes share an offset.
 @pytest.mark.parametrize("made_by", ["raw", "publish"])
-def test_a_second_entry_at_an_offset_is_handed_out_until_finished(
+def test_a_second_entry_at_an_offset_never_takes_a_records_place(
         admin: felix_redis.Client, users: Users, admin_raw: redis.Redis, made_by: str) -> None:
     p = users.make("stream.publish")
     if made_by == "raw":
         (last_id, _), = admin_raw.xrevrange(K["log"], count=1)
         offset, ms = (int(x) for x in last_id.split(b"-"))
         p.raw.xadd(K["log"], {"p": "second"}, id=f"{offset}-{ms + 1}")
-        expected = [*FIRST_SIX, b"second"]
+        expected = list(enumerate(FIRST_SIX))
+        # subscribers read the log as it is: both entries
+        assert [r.payload for r in admin.read(*S, 0, 0)][-2:] == [FIRST_SIX[-1], b"second"]
     else:
         p.raw.xadd(K["log"], {"p": "raw"}, id="6-1")
-        assert p.client.publish(*S, b"second", shard=0).offset == 6
-        expected = [*FIRST_SIX, b"raw", b"second"]
+        assert p.client.publish(*S, b"second", shard=0).offset == 7
+        expected = [*enumerate(FIRST_SIX), (6, b"raw"), (7, b"second")]
     admin.group_configure(*S, "workers", visibility_timeout_ms=100)
     records = admin.group_poll(*S, 0, "workers", max_records=100)
-    assert [r.payload for r in records] == expected
-    admin.group_ack_many(*S, 0, "workers", records[:-1])  # the second entry's consumer failed
+    assert [(r.offset, r.payload) for r in records] == expected
+    admin.group_ack_many(*S, 0, "workers", records)
     time.sleep(0.15)
-    assert [r.payload for r in admin.group_poll(*S, 0, "workers", max_records=100)] == [b"second"]
+    assert admin.group_poll(*S, 0, "workers", max_records=100) == []  # nothing left over, no lease
+    shard = admin.group_describe(*S, "workers").shards[0]
+    assert (shard.position, shard.in_flight, shard.owed, shard.dead, shard.trimmed) == (
+        expected[-1][0] + 1, 0, 0, 0, 0)
+    assert [r.payload for r in admin.group_poll(*S, 0, "other", max_records=100)] == [x for _, x in expected]
 
 
 # row: stream.publish | write group keys or groups | closed
