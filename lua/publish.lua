@@ -26,8 +26,7 @@
 -- counts as none: the publish appends. So no call can act as another producer, and a
 -- forged state can at worst make a re-send append again, never drop a record.
 -- The tail is trusted only as far as the log agrees: a tail that is not a number, or
--- that an entry of the log has reached (written by hand), is replaced by the log's
--- before anything is written, so no two publishes share an offset.
+-- below the log's last entry (written by hand), is replaced by the log's.
 -- A producer's state is one field of the meta hash, read and written by the commands a
 -- publish sends anyway (HMGET, HSET). Fields past MS + IDLE are pruned a few at a time, by
 -- the publishes of producers new to the shard: an expired state left unpruned still
@@ -44,8 +43,7 @@
 -- conf), FELIX_SEQUENCE (sequence older than the last or with a gap), FELIX_WRONGTYPE.
 --- @include "acl"
 --- @include "producer"
-require_stream_role('stream.publish')
-require_shard_keys(SHARD_KEYS_PUBLISH)
+require_stream_role('stream.publish', nil, SHARD_KEYS_PUBLISH)
 local count = #ARGV - 4
 if count < 1 or count > 10000 then fail('INVALID', 'a publish carries 1 to 10000 payloads') end
 local key, pid, seq_s, idle_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -123,15 +121,25 @@ if field and not state then
   end
 end
 local log, p, k = KEYS[2], 'p', 'k'
--- The offsets from the tail on must be free: an entry there (meta's tail written below
--- the log by hand, or an entry a publisher added around the library) would share an
--- offset with this publish. The usual answer is an empty range, found with one seek.
-if #typed_call('stream', 'XRANGE', log, tail_s, '+', 'COUNT', 1) > 0 then tail_s = fmt(log_tail(log)) end
--- the first XADD is the first write: it doubles as the log's type check
+-- the first XADD is the first write: it doubles as the log's type check, and as the
+-- check that the tail is above the log's last entry (XADD refuses an ID not above it)
+local added
 if key ~= '' then
-  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
+  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
 else
-  typed_call('stream', 'XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+  added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+end
+if type(added) == 'table' and added.err then
+  local text = tostring(added.err)
+  if s_find(text, 'WRONGTYPE', 1, true) then expect_type(log, 'stream') end
+  if not s_find(text, 'equal or smaller', 1, true) then error(added, 0) end
+  -- a tail below the log's (written by hand): the log's own, then the same XADD
+  tail_s = fmt(log_tail(log))
+  if key ~= '' then
+    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5], k, key)
+  else
+    redis.call('XADD', log, tail_s .. '-' .. ms, p, ARGV[5])
+  end
 end
 local tail, count_s = tonumber(tail_s), '1'
 if count > 1 then

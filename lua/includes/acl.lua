@@ -176,16 +176,20 @@ local function stream_cap(sh, role)
 end
 
 -- Fails with NOPERM unless the user holds role ('stream.publish' or 'stream.admin'), or
--- else role2 when given, on the stream of KEYS[1]; every key must carry KEYS[1]'s shard
--- tag (each script also checks its exact keys: require_shard_keys, require_group_keys).
-local function require_stream_role(role, role2)
+-- else role2 when given, on the stream of KEYS[1]. With names (a SHARD_KEYS_ list), the
+-- keys must be exactly those (require_shard_keys, also without ACL); else every key must
+-- carry KEYS[1]'s shard tag (each script also checks its exact keys).
+local function require_stream_role(role, role2, names)
+  if names then require_shard_keys(names) end
   if not redis.acl_check_cmd then return end
   local sh = stream_shape()
-  local base, k1 = sh.base, KEYS[1]
-  for i = 2, #KEYS do
-    -- a plain find at 1: no substring is made per key
-    if s_find(KEYS[i], base, 1, true) ~= 1 then
-      fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. k1)
+  if not names then
+    local base, k1 = sh.base, KEYS[1]
+    for i = 2, #KEYS do
+      -- a plain find at 1: no substring is made per key
+      if s_find(KEYS[i], base, 1, true) ~= 1 then
+        fail('INVALID', 'key ' .. KEYS[i] .. ' does not belong to the shard of ' .. k1)
+      end
     end
   end
   local cap = stream_cap(sh, role)
