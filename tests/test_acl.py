@@ -388,7 +388,8 @@ def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Cli
     before = dump_keyspace(raw)
     keys = [jobs.publish_keys(0)[0], other.publish_keys(0)[1], jobs.publish_keys(0)[2]]
     for _ in range(2):
-        with pytest.raises(redis.ResponseError, match=r"FELIX_INVALID KEYS\[2\] is .*, not felix:\{acme/prod/jobs/0\}:log"):
+        refused = r"FELIX_INVALID KEYS\[2\] is .*, not felix:\{acme/prod/jobs/0\}:log"
+        with pytest.raises(redis.ResponseError, match=refused):
             u._run_script("publish", keys, ["", "", "0", "60000", "x"])
     assert dump_keyspace(raw) == before
 
