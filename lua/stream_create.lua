@@ -34,8 +34,7 @@
 -- conf), FELIX_STREAM_EXISTS (exists with other
 -- settings; names the first that differs), FELIX_WRONGTYPE.
 --- @include "acl"
-require_stream_role('stream.admin')
-require_shard_keys(SHARD_KEYS_PUBLISH)
+require_stream_role('stream.admin', nil, SHARD_KEYS_PUBLISH)
 local kind, consistency = ARGV[1], ARGV[5]
 if kind ~= 'queue' and kind ~= 'stream' then fail('INVALID', "kind must be 'queue' or 'stream'") end
 local shards = int_arg(ARGV[2], 'shards', 1, 1024)
