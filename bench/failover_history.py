@@ -1,4 +1,4 @@
-"""Failover trials checked by history (tests/history.py): what each consistency loses.
+"""Failover trials checked by history (tests/support/history.py): what each consistency loses.
 
     python bench/failover_history.py --trials 10
 
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
-from history import Cell, run_trial, table  # noqa: E402
+from tests.support.history import Cell, run_trial, table  # noqa: E402
 
 
 def code_version() -> str:

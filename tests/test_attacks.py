@@ -21,7 +21,8 @@ import redis
 
 import felix_redis
 from felix_redis.testing.server import RedisServer
-from tests.attackers import (
+from tests.conftest import dump_keyspace
+from tests.support.attackers import (
     ADMIN_PW,
     User,
     Users,
@@ -37,7 +38,6 @@ from tests.attackers import (
     shard0,
     url_of,
 )
-from tests.conftest import dump_keyspace
 
 S = ("acme", "prod", "jobs")
 K = shard0()

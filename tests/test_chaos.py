@@ -1,7 +1,7 @@
 """Chaos test (issue 7): worker processes SIGKILLed and restarted at random while
 publishers run, handlers fail at random and a few poison jobs always fail.
 
-Several worker processes (tests/chaos_jobs.py: the real :class:`felix_redis.Worker`)
+Several worker processes (tests/support/chaos_jobs.py: the real :class:`felix_redis.Worker`)
 share one group on a sharded stream. A killer thread SIGKILLs a random worker every
 1-2 s and starts a replacement, half of the time under the same consumer name (so the
 newcomer reclaims the dead one's leases at once), otherwise under a new name (the dead
@@ -10,7 +10,7 @@ replies are lost now and then (the script ran, the client saw a connection error
 re-sent). A monitor thread samples the group's positions with the server time around
 each sample. Every worker writes a delivery log with server times (see chaos_jobs).
 
-After the chaos the group drains and the invariant checker (tests/invariants.py) proves:
+After the chaos the group drains and the invariant checker (tests/support/invariants.py) proves:
 
 - every published record ended acked or dead-lettered (position == tail everywhere,
   every offset was delivered or is a dead letter); then the dead letters are discarded
@@ -44,7 +44,11 @@ from typing import Any
 
 import pytest
 import redis
-from invariants import (
+
+import felix_redis
+from felix_redis.protocol import Eval
+from felix_redis.testing.server import RedisServer, redis_server_binary
+from tests.support.invariants import (
     Kill,
     PositionSample,
     PublishLog,
@@ -57,10 +61,6 @@ from invariants import (
     sample_positions,
     wait_drained,
 )
-
-import felix_redis
-from felix_redis.protocol import Eval
-from felix_redis.testing.server import RedisServer, redis_server_binary
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None, reason="redis-server is not installed (apt install redis-server)"
@@ -122,7 +122,7 @@ class Chaos:
 
     def spawn(self, consumer: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        args = [sys.executable, "-m", "tests.chaos_jobs", self.url, str(self.logdir), consumer,
+        args = [sys.executable, "-m", "tests.support.chaos_jobs", self.url, str(self.logdir), consumer,
                 str(self.cfg.concurrency), T, N, S, G]
         with (self.logdir / f"stderr-{consumer}-{len(self.all_procs)}.log").open("wb") as err:
             proc = subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
@@ -369,7 +369,7 @@ def test_chaos_long(tmp_path: Path, record_property: Any) -> None:
 
 
 def _logs(*leases: Any) -> Any:
-    from invariants import EventLogs
+    from tests.support.invariants import EventLogs
 
     out: dict[tuple[int, int], dict[int, Any]] = {}
     for lease in leases:
@@ -380,7 +380,7 @@ def _logs(*leases: Any) -> Any:
 def test_checker_catches_overlapping_leases_and_passed_positions() -> None:
     """The checker is not vacuous: hand-made logs that break one holder, or a position
     sampled past a record that was still running, fail it; the legal versions pass."""
-    from invariants import Lease
+    from tests.support.invariants import Lease
 
     vt = 1000  # ms; times in us
     first = Lease(0, 0, 1, "w0", 100, before=1_000_000, after=1_000_500, started=1_001_000, ended=1_200_000, ok=True)

@@ -4,7 +4,7 @@ each under a running workload of producers and workers.
 Each test runs producers (idempotent, ``publish_keyed``) and workers
 (``group_sharded(...).poll`` + ack) as threads with their own clients, breaks Redis
 in the middle, lets the workload go on after the fault, drains the group and checks
-the invariants of ``tests/invariants.py``: no publish that returned an offset is
+the invariants of ``tests/support/invariants.py``: no publish that returned an offset is
 missing, every record ended acked or dead-lettered, the position never skipped an
 unfinished record. The number of redeliveries the fault caused is printed (run with
 ``-s``) and recorded as a property of the test (``--junitxml``).
@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import redis
-from invariants import Report, Workload, check, wait_drained
 
 import felix_redis
 from felix_redis.testing.server import RedisServer, redis_server_binary
 from felix_redis.testing.topology import ClusterTopology, SentinelTopology
+from tests.support.invariants import Report, Workload, check, wait_drained
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None, reason="redis-server is not installed (apt install redis-server)"

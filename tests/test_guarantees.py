@@ -12,7 +12,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import clocks
 import pytest
 import redis
 from redis.exceptions import ResponseError
@@ -23,6 +22,7 @@ from felix_redis.errors import from_response
 from felix_redis.protocol import Eval
 from felix_redis.testing.server import RedisServer, redis_server_binary
 from tests.conftest import finished_runs, lease_expiry
+from tests.support import clocks
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 BASE0 = "felix:{acme/prod/jobs/0}"

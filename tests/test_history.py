@@ -1,10 +1,10 @@
-"""History-checked failovers (tests/history.py) on a Sentinel topology: a primary, two
+"""History-checked failovers (tests/support/history.py) on a Sentinel topology: a primary, two
 replicas and three sentinels; a stream of 2 shards with replication 3 under ``leader``
 or ``quorum`` consistency; four client threads that publish, poll, ack, nack and drop
 while the primary is SIGKILLed (not restarted) or SIGSTOPped until the sentinels fail
 over and then SIGCONTed (it comes back as a replica).
 
-Asserted in every trial: the invariants (b)-(e) of tests/history.py hold (anomalies a
+Asserted in every trial: the invariants (b)-(e) of tests/support/history.py hold (anomalies a
 leader rollback explains are counted, not failed), every client recovered on its own
 client object, nothing hung, no bare exception leaked. Under ``quorum``: no
 acknowledged publish lost or missing from the log, and nothing the isolated old
@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from history import TrialResult, run_trial
 
 from felix_redis.testing.server import redis_server_binary
+from tests.support.history import TrialResult, run_trial
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None, reason="redis-server is not installed (apt install redis-server)"

@@ -1,13 +1,13 @@
-"""The history checker (tests/history.py) on hand-made histories: a clean one passes,
+"""The history checker (tests/support/history.py) on hand-made histories: a clean one passes,
 and each kind of violation is flagged under the invariant it breaks. No Redis needed."""
 
 from __future__ import annotations
 
 import pytest
-from history import CheckReport, Delivered, FinalState, History, check, classify
 
 import felix_redis
 from felix_redis.models import ShardState
+from tests.support.history import CheckReport, Delivered, FinalState, History, check, classify
 
 VT = 5.0  # visibility timeout, s
 MAX = 3  # max attempts

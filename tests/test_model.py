@@ -2,7 +2,7 @@
 as named consumers that reclaim), ack, nack, extend, dead_letter, redrive, discard,
 lapse, group_configure (max attempts and visibility timeout) and retention (a length
 limit applied by publishing and by stream_trim), run against the real Redis and
-memory://, each step checked against the pure-Python model of tests/model.py, dead-letter
+memory://, each step checked against the pure-Python model of tests/support/model.py, dead-letter
 reasons included.
 
 Time is controlled, not waited for: the group's visibility timeout is long, and a lease
@@ -32,13 +32,13 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from model import NOT_DUE, ShardModel, State
 
 import felix_redis
 from felix_redis import NotFound, StaleClaim
 from felix_redis.keys import GROUP_ROLES, StreamName
 from felix_redis.models import Record
 from tests.conftest import finished_runs, lease_expiry
+from tests.support.model import NOT_DUE, ShardModel, State
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 VT_MS = 600_000  # leases never lapse by themselves while an example runs

@@ -281,7 +281,7 @@ def test_felixctl_url_file(locked: RedisServer, tmp_path: Path) -> None:
     assert _felixctl("stream", "list", env={"FELIX_REDIS_URL": good.read_text().strip(),
                                             "FELIX_REDIS_URL_FILE": str(wrong)}).exit_code == 0
     # the worker command takes the main group's URL from the file too
-    result = _felixctl("--redis-url-file", str(good), "worker", "jobs", "workers", "tests.worker_jobs:handle",
+    result = _felixctl("--redis-url-file", str(good), "worker", "jobs", "workers", "tests.support.worker_jobs:handle",
                        "--burst")
     assert result.exit_code == 1 and "jobs" in result.output  # no such stream: it did reach Redis
     _no_secret(result.output)
@@ -327,7 +327,7 @@ def test_worker_log_hides_the_password(locked: RedisServer, tmp_path: Path) -> N
     log = tmp_path / "worker.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKER_JOBS_URL": url, "FELIX_REDIS_URL": url}
     args = [sys.executable, "-m", "felixctl", "--tenant", T, "--namespace", N, "worker", "secret-jobs", "workers",
-            "tests.worker_jobs:handle", "--log-level", "DEBUG", "--poll-wait", "0.2"]
+            "tests.support.worker_jobs:handle", "--log-level", "DEBUG", "--poll-wait", "0.2"]
     with log.open("wb") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:

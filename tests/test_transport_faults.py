@@ -1,7 +1,7 @@
 """Connection faults at the transport, for every public operation (CONTRACT.md, "a
 connection failure"; docs/reliability.md, "Faults at the transport").
 
-A TCP proxy (tests/faultproxy.py) sits between the client and Redis and, on the call
+A TCP proxy (tests/support/faultproxy.py) sits between the client and Redis and, on the call
 that runs the operation's script, cuts the connection
 
 - ``before`` forwarding the call (Redis never saw it),
@@ -38,12 +38,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from faultproxy import FaultProxy, script_call
 
 import felix_redis
 import felix_redis.asyncio as fa
 from felix_redis import OutcomeUnknown
 from felix_redis.testing.server import redis_server_binary
+from tests.support.faultproxy import FaultProxy, script_call
 
 pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 

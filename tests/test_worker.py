@@ -72,14 +72,14 @@ def test_parse_shards() -> None:
 
 
 def test_import_handler() -> None:
-    assert import_handler("tests.worker_jobs:handle").__name__ == "handle"
-    assert import_handler("tests.worker_jobs.ahandle").__name__ == "ahandle"
+    assert import_handler("tests.support.worker_jobs:handle").__name__ == "handle"
+    assert import_handler("tests.support.worker_jobs.ahandle").__name__ == "ahandle"
     with pytest.raises(ValueError):
         import_handler("nodots")
     with pytest.raises(ImportError):
         import_handler("no_such_module_here:f")
     with pytest.raises(AttributeError):
-        import_handler("tests.worker_jobs:missing")
+        import_handler("tests.support.worker_jobs:missing")
 
 
 # -- the sync worker
@@ -420,7 +420,7 @@ def test_cli_worker_burst_with_context_from_the_main_group(
         ctx.obj = {"url": redis_url, "tenant": T, "namespace": N}
 
     main.add_command(worker_cmd)
-    result = CliRunner().invoke(main, ["worker", S, G, "tests.worker_jobs:handle", "--burst"])
+    result = CliRunner().invoke(main, ["worker", S, G, "tests.support.worker_jobs:handle", "--burst"])
     assert result.exit_code == 0, result.output
     assert c.group_describe(T, N, S, G).lag == 0
 
@@ -430,10 +430,11 @@ def test_cli_worker_usage_and_operation_errors(worker_group: Callable[..., felix
     runner = CliRunner()
     result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "nope:nothing"])
     assert result.exit_code == 2 and "cannot import nope:nothing" in result.output
-    result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "tests.worker_jobs:handle", "--shards", "x"])
+    result = runner.invoke(worker_cmd, ["--redis-url", redis_url, S, G, "tests.support.worker_jobs:handle",
+                                        "--shards", "x"])
     assert result.exit_code == 2
     result = runner.invoke(worker_cmd, ["--redis-url", redis_url, "--tenant", T, "--namespace", N,
-                                        "missing", G, "tests.worker_jobs:handle", "--burst"])
+                                        "missing", G, "tests.support.worker_jobs:handle", "--burst"])
     assert result.exit_code == 1
     assert result.output.startswith("felixctl: error: ") and "missing" in result.output
     result = runner.invoke(metrics_cmd, ["--listen", "nowhere"])

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import felix_redis
-from tests.worker_jobs import events
+from tests.support.worker_jobs import events
 
 ROOT = Path(__file__).resolve().parent.parent
 T, N, S, G = "acme", "prod", "jobs", "workers"
@@ -55,7 +55,7 @@ def spawn(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     procs: list[Proc] = []
     env = {**os.environ, "WORKER_JOBS_URL": redis_url, "PYTHONPATH": str(ROOT)}
 
-    def start(*options: str, handler: str = "tests.worker_jobs:handle") -> Proc:
+    def start(*options: str, handler: str = "tests.support.worker_jobs:handle") -> Proc:
         args = [sys.executable, "-m", "felixctl.worker_cmd", "worker", "--redis-url", redis_url,
                 "--tenant", T, "--namespace", N, "--poll-wait", "0.2", *options, S, G, handler]
         proc = Proc(args, env, tmp_path / f"worker-{len(procs)}.log")
@@ -218,7 +218,7 @@ def test_async_worker_process_extends_leases_and_hands_back_on_sigterm(
     client = queue(vt_ms=1000, shards=2)
     client.publish(T, N, S, '{"sleep": 2.5}', shard=0)
     client.publish(T, N, S, '{"sleep_first": 60}', shard=1)
-    w = spawn("--concurrency", "2", "--grace", "0.5", handler="tests.worker_jobs:ahandle")
+    w = spawn("--concurrency", "2", "--grace", "0.5", handler="tests.support.worker_jobs:ahandle")
     done = wait_until(lambda: events(raw, "done"), 10, "the long job", w)
     assert [(e["shard"], e["attempts"]) for e in done] == [(0, 1)]
     assert len(events(raw, "start")) == 2

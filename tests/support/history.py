@@ -1,6 +1,6 @@
 """A history checker for fault tests, in the spirit of Jepsen's total-queue checker.
 
-``tests/invariants.py`` checks the state a fault leaves behind. This module checks the
+``tests/support/invariants.py`` checks the state a fault leaves behind. This module checks the
 *history*: what every client asked for, when, and what it was told. It has three parts.
 
 **The recorder** (:class:`Recorder`): threads, each with its own ``felix_redis.connect``
@@ -86,10 +86,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from invariants import _read_all, wait_drained
-
 import felix_redis
 from felix_redis.models import ShardState
+from tests.support.invariants import _read_all, wait_drained
 
 T, N, S, G = "acme", "hist", "orders", "workers"
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")

@@ -1,6 +1,6 @@
 """The worker process of the chaos test (tests/test_chaos.py).
 
-Run as ``python -m tests.chaos_jobs URL LOGDIR CONSUMER CONCURRENCY TENANT NAMESPACE STREAM GROUP``:
+Run as ``python -m tests.support.chaos_jobs URL LOGDIR CONSUMER CONCURRENCY TENANT NAMESPACE STREAM GROUP``:
 a :class:`felix_redis.Worker` (the real runtime: threads, batched acks, heartbeats,
 backoff) with a handler driven by the payload, writing a delivery log.
 
@@ -142,7 +142,8 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 9:
-        sys.exit("usage: python -m tests.chaos_jobs URL LOGDIR CONSUMER CONCURRENCY TENANT NAMESPACE STREAM GROUP")
+        sys.exit("usage: python -m tests.support.chaos_jobs"
+                 " URL LOGDIR CONSUMER CONCURRENCY TENANT NAMESPACE STREAM GROUP")
     main(sys.argv[1:])
     sys.exit(0)
 

@@ -1,5 +1,5 @@
 """Handlers for the worker tests, imported by worker subprocesses as
-``tests.worker_jobs:handle`` (and in-process by tests/test_worker.py).
+``tests.support.worker_jobs:handle`` (and in-process by tests/test_worker.py).
 
 The payload is JSON that says what to do:
 ``{"sleep": s}`` sleep s seconds; ``{"sleep_first": s}`` sleep only on the first attempt;

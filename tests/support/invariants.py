@@ -369,7 +369,7 @@ class Workload:
 # ---------------------------------------------------------------- chaos: leases, positions, kills
 #
 # The chaos test (tests/test_chaos.py) runs worker *processes* that it SIGKILLs, so
-# their deliveries are written to per-process files (tests/chaos_jobs.py) with the Redis
+# their deliveries are written to per-process files (tests/support/chaos_jobs.py) with the Redis
 # server's clock (TIME, microseconds) around each event. The functions below read those
 # files and check, with bounds that only use what the log proves (no timing guesses):
 #
@@ -427,7 +427,7 @@ class EventLogs:
 
 
 def read_event_logs(paths: Iterable[Any]) -> EventLogs:
-    """Parses the ``worker-*.jsonl`` files written by tests/chaos_jobs.py."""
+    """Parses the ``worker-*.jsonl`` files written by tests/support/chaos_jobs.py."""
     import json
 
     leases: dict[tuple[int, int], dict[int, Lease]] = {}
