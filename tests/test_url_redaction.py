@@ -1,4 +1,4 @@
-"""URLs that used to leak a password or crash felixctl (issue 19, item 7 a-c).
+"""URLs with a password never leak it and never crash felixctl (issue 19, item 7 a-c).
 
 * a password with an unencoded space is masked by ``redact_url`` (in ``ConnectionFailed``
   and ``client.url``: tests/test_secrets.py's unreachable URLs);
