@@ -319,3 +319,25 @@ def test_a_malformed_top_run_is_refused_unchanged(client: felix_redis.Client) ->
     with pytest.raises(felix_redis.WrongKeyType, match="field top"):
         client.group_poll(T, N, S, 0, G)
     assert dump_keyspace(client.redis) == before
+
+
+def test_ack_many_tells_in_flight_owed_finished_and_repeats_apart(client: felix_redis.Client) -> None:
+    """group_ack removes leases first and sorts out the rest only when some were not in
+    flight: one call with leased, owed, finished and repeated offsets must still answer
+    for each, finish the unfinished ones and leave no group state behind."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish_batch(T, N, S, [b"a", b"b", b"c", b"d"])
+    a, b, c, d = client.group_poll(T, N, S, 0, G, max_records=4)
+    assert client.group_ack(T, N, S, 0, G, c) is True
+    client.group_nack(T, N, S, 0, G, b, delay=60)  # owed, due in a minute
+    statuses = client.group_ack_many(T, N, S, 0, G, [d.offset, b.offset, c.offset, a.offset, d.offset])
+    assert statuses == [True, True, False, True, False]
+    info = client.group_describe(T, N, S, G).shards[0]
+    assert (info.in_flight, info.owed, info.position) == (0, 0, 4)
+    keys = client.group_keys(T, N, S, G)[0]
+    for role in ("attempts", "done", "owed"):
+        assert not client.redis.exists(keys[role]), role
+    # nothing left to hand out, and a repeat of the whole ack changes nothing
+    assert client.group_poll(T, N, S, 0, G, max_records=4) == []
+    assert client.group_ack_many(T, N, S, 0, G, [a.offset, b.offset]) == [False, False]

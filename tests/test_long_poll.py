@@ -492,3 +492,81 @@ def test_consumer_name_is_checked(client: felix_redis.Client) -> None:
     for bad in ("", "w 7", "w|7", "w:7", "{w}"):
         with pytest.raises(felix_redis.InvalidArgument):
             client.group_poll_as(T, N, S, 0, G, consumer=bad)
+
+
+# Waits longer than the socket timeout (redis-py 8's default is 5 s).
+
+def test_idle_long_poll_longer_than_5_seconds(redis_client) -> None:
+    """redis-py 8 defaults socket_timeout to 5 s; an XREAD BLOCK of ~5 s or
+    more times out on the socket, the retry layer repeats the same BlockAny until retry_for
+    is spent, and the poll raises ConnectionFailed after ~40 s instead of [] after `wait`."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    start = time.monotonic()
+    assert redis_client.group_poll(T, N, S, 0, G, wait=6) == []
+    assert time.monotonic() - start < 8
+
+
+def test_async_idle_long_poll_longer_than_5_seconds(redis_client, redis_url) -> None:
+    """The same, asyncio."""
+    import asyncio
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(redis_url)
+        await c.stream_create(T, N, S)
+        await c.group_create(T, N, S, G)
+        start = time.monotonic()
+        try:
+            assert await c.group_poll(T, N, S, 0, G, wait=6) == []
+        finally:
+            await c.close()
+        assert time.monotonic() - start < 8
+
+    asyncio.run(main())
+
+
+def test_long_poll_longer_than_socket_timeout(redis_url, raw) -> None:
+    """wait longer than the URL's socket_timeout fails too."""
+    sep = "&" if "?" in redis_url else "?"
+    client = felix_redis.connect(f"{redis_url}{sep}socket_timeout=0.5")
+    try:
+        client.stream_create(T, N, S)
+        client.group_create(T, N, S, G)
+        start = time.monotonic()
+        assert client.group_poll(T, N, S, 0, G, wait=1.5) == []
+        assert time.monotonic() - start < 3
+    finally:
+        client.close()
+
+
+def test_reclaim_wakes_other_long_pollers_for_what_it_left_owed(client, backend) -> None:
+    """Reclaim makes the consumer's in-flight records owed now, but does not
+    wake the group's long-pollers; what the reclaiming poll did not take waits until
+    another poller's block ends (up to its whole wait)."""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G, visibility_timeout_ms=30_000)
+    for i in range(3):
+        client.publish(T, N, S, b"%d" % i)
+    assert len(client.group_poll_as(T, N, S, 0, G, consumer="w-7", max_records=3)) == 3
+    other = felix_redis.connect(backend[0])
+    got: list = []
+
+    def long_poll() -> None:
+        got.extend(other.group_poll(T, N, S, 0, G, max_records=10, wait=4))
+        got.append(time.monotonic())
+
+    thread = threading.Thread(target=long_poll, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        start = time.monotonic()
+        (back,) = client.group_poll_as(T, N, S, 0, G, consumer="w-7", reclaim=True, max_records=1)
+        thread.join(10)
+        assert not thread.is_alive(), "the long poll never returned"
+    finally:
+        other.close()
+    records, woke = got[:-1], got[-1]
+    assert sorted(r.offset for r in records) == sorted({0, 1, 2} - {back.offset})
+    assert woke - start < 1.0, f"the other poller woke after {woke - start:.2f}s"

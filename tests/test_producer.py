@@ -486,3 +486,113 @@ def test_a_pruning_cursor_it_did_not_write_starts_over_and_changes_nothing_else(
         assert producer.publish(T, N, S, b"%d" % i, shard=0).offset == i
     assert [r.offset for r in client.read(T, N, S, 0, 0)] == [0, 1, 2, 3]
     assert client.redis.hget(meta, "producer_scan") == b"0"
+
+
+# A publish whose outcome was unknown (NotReplicated, or cancelled after its script ran)
+# leaves no producer a sequence behind: the next publish is not taken for a duplicate.
+
+def _land_then_raise(client, monkeypatch, exc):
+    real = client._execute
+    left = [1]
+
+    def lossy(op):
+        if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+            left[0] -= 1
+            real(op)
+            raise exc
+        return real(op)
+
+    monkeypatch.setattr(client, "_execute", lossy)
+
+
+def test_producer_after_not_replicated_does_not_drop_the_next_record(client, monkeypatch) -> None:
+    """NotReplicated (the script ran on the primary) leaves the producer's sequence
+    behind; the next publish re-uses it and is answered as a duplicate: silently dropped."""
+    client.stream_create(T, N, S)
+    producer = client.idempotent_producer()
+    _land_then_raise(client, monkeypatch, felix_redis.NotReplicated("simulated: 0 of 1 replicas"))
+    with pytest.raises(felix_redis.NotReplicated):
+        producer.publish(T, N, S, b"first")
+    second = producer.publish(T, N, S, b"second")
+    payloads = [r.payload for r in client.read(T, N, S, 0, 0)]
+    assert payloads == [b"first", b"second"], payloads
+    assert second.offset == 1
+
+
+def test_plain_publish_after_not_replicated_does_not_drop_the_next_record(client, monkeypatch) -> None:
+    """the pooled producer goes back to the pool one sequence behind."""
+    client.stream_create(T, N, S)
+    _land_then_raise(client, monkeypatch, felix_redis.NotReplicated("simulated: 0 of 1 replicas"))
+    with pytest.raises(felix_redis.NotReplicated):
+        client.publish(T, N, S, b"first")
+    second = client.publish(T, N, S, b"second")
+    payloads = [r.payload for r in client.read(T, N, S, 0, 0)]
+    assert payloads == [b"first", b"second"], payloads
+    assert second.offset == 1
+
+
+def test_async_publish_cancelled_after_landing_does_not_drop_the_next_record(backend, monkeypatch) -> None:
+    """a plain publish cancelled (asyncio.wait_for timeout) after its script ran
+    returns its pooled producer to the pool one sequence behind; the next publish is
+    answered as a duplicate of the cancelled one and silently dropped."""
+    import asyncio
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(backend[0])
+        await c.stream_create(T, N, S)
+        real = c._execute
+        left = [1]
+
+        async def slow_reply(op):
+            result = await real(op)
+            if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+                left[0] -= 1
+                await asyncio.sleep(10)  # the reply is slow to come back
+            return result
+
+        monkeypatch.setattr(c, "_execute", slow_reply)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(c.publish(T, N, S, b"first"), 0.2)
+        import gc
+        gc.collect()
+        second = await c.publish(T, N, S, b"second")
+        payloads = [r.payload for r in await c.read(T, N, S, 0, 0)]
+        await c.close()
+        assert payloads == [b"first", b"second"], payloads
+        assert second.offset == 1
+
+    asyncio.run(main())
+
+
+def test_async_idempotent_producer_cancelled_after_landing(backend, monkeypatch) -> None:
+    """same with AsyncIdempotentProducer."""
+    import asyncio
+
+    import felix_redis.asyncio as fa
+
+    async def main() -> None:
+        c = fa.connect(backend[0])
+        await c.stream_create(T, N, S)
+        producer = await c.idempotent_producer()
+        real = c._execute
+        left = [1]
+
+        async def slow_reply(op):
+            result = await real(op)
+            if type(op).__name__ == "Eval" and op.script == "publish" and left[0]:
+                left[0] -= 1
+                await asyncio.sleep(10)
+            return result
+
+        monkeypatch.setattr(c, "_execute", slow_reply)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(producer.publish(T, N, S, b"first"), 0.2)
+        second = await producer.publish(T, N, S, b"second")
+        payloads = [r.payload for r in await c.read(T, N, S, 0, 0)]
+        await c.close()
+        assert payloads == [b"first", b"second"], payloads
+        assert second.offset == 1
+
+    asyncio.run(main())

@@ -334,3 +334,32 @@ def test_item_and_dead_letter_carry_the_contract_fields(client: felix_redis.Clie
     (letter,) = client.group_dead_letters(T, N, S, 1, G)
     assert letter.time == letter.dead_at and letter.time.tzinfo is not None
     assert letter.time >= item.published_at
+
+
+def test_sharded_settle_with_claim_string_is_routed_or_refused(client: felix_redis.Client) -> None:
+    """ShardedGroup.ack/nack/extend/dead_letter with a claim string leak AttributeError."""
+    client.stream_create(T, N, S, shards=4)
+    client.group_create(T, N, S, G)
+    client.publish(T, N, S, b"x", shard=2)
+    group = client.group_sharded(T, N, S, G)
+    (item,) = group.poll(4)
+    with pytest.raises(felix_redis.InvalidArgument):
+        group.ack("not a claim")  # type: ignore[arg-type]
+    # a claim string names its shard: it can be routed like an Item
+    assert group.nack(item.claim) is False  # type: ignore[arg-type]
+
+
+def test_sharded_batches_reload_scripts_after_script_flush(redis_client: felix_redis.Client, raw) -> None:
+    """A batch's calls answered NOSCRIPT did not run: the scripts are loaded and only
+    those calls are sent again (a restarted or newly promoted server has none)."""
+    redis_client.stream_create(T, N, S, shards=3)
+    redis_client.group_create(T, N, S, G)
+    for shard in range(3):
+        redis_client.publish_batch(T, N, S, [b"a", b"b"], shard=shard)
+    group = redis_client.group_sharded(T, N, S, G)
+    raw.script_flush()
+    items = group.poll(6)
+    assert sorted(i.claim for i in items) == sorted(f"{s}:{o}:1" for s in range(3) for o in range(2))
+    raw.script_flush()
+    assert group.ack_many(items) == 6
+    assert redis_client.group_describe(T, N, S, G).lag == 0

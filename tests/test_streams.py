@@ -321,3 +321,18 @@ def test_oversize_first_publish_writes_nothing(client: Client, unchanged: Any) -
         client.publish(T, N, S, b"x" * 11)  # not even a producer id is taken
     with unchanged(), pytest.raises(felix_redis.InvalidArgument):
         client.publish_batch(T, N, S, [b"ok", b"x" * 11])
+
+
+def test_stream_create_with_more_shards_than_existing_writes_nothing(client: felix_redis.Client, unchanged) -> None:
+    client.stream_create(T, N, S, shards=2)
+    with unchanged(), pytest.raises(felix_redis.StreamExists):
+        client.stream_create(T, N, S, shards=3)
+
+
+def test_stream_delete_removes_producer_state_too(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, shards=2)
+    client.publish(T, N, S, b"a", shard=0)
+    client.idempotent_producer().publish(T, N, S, b"b", shard=1)
+    client.stream_delete(T, N, S)
+    # the producer states lived in the shards' meta hashes; only the registry is left
+    assert set(client.redis.keys("*")) <= {b"felix:streams:acme", b"felix:tenants"}

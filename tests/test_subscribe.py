@@ -300,3 +300,14 @@ def test_two_subscribers_are_independent(client: felix_redis.Client) -> None:
     assert [r.offset for r in take(a, 6)] == list(range(6))
     assert [r.offset for r in take(b, 2)] == [4, 5]
     assert a.positions == b.positions == {0: 6}
+
+
+def test_idle_subscription_with_default_block(redis_client) -> None:
+    """Subscription's default block is 5.0 s, redis-py 8's default socket timeout: an idle
+    subscriber must get [] after its block, not a socket timeout retried until
+    ConnectionFailed (as a long poll of 5 s or more in tests/test_long_poll.py)."""
+    redis_client.stream_create(T, N, S)
+    sub = redis_client.subscribe(T, N, S, start="latest")  # block=5.0
+    start = time.monotonic()
+    assert sub.poll() == []
+    assert time.monotonic() - start < 7
