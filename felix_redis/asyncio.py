@@ -16,20 +16,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
-from felix_redis.client import (
+from felix_redis._driver import (
     UNAVAILABLE,
     BatchRun,
     Item,
     Ref,
     ShardedGroupBase,
     check_raw_client,
+    describe_server,
     max_block_ms,
     not_replicated,
     translate,
     with_nodes,
 )
 from felix_redis.connection import async_client, default_retry_for, resolve_url
-from felix_redis.errors import ConnectionFailed, FelixError, SequenceError, redact_url
+from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
 from felix_redis.lane import (
     AsyncLane,
@@ -110,7 +111,7 @@ class AsyncClient(_AwaitsToItself):
         self._cluster = hasattr(redis_client, "get_node_from_key")
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
-        self.url = redact_url(url) if url else type(redis_client).__name__
+        self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         self._pool = lane_pool(redis_client)  # as Client._pool
         self._lane = AsyncLane(self._pool) if self._pool is not None else None
@@ -412,40 +413,7 @@ class AsyncClient(_AwaitsToItself):
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        core = self.core
-        if not core.idempotent_publish:
-            s, first, _count = await self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, None))
-            return Published(s, first)
-        state = core.producers.acquire()
-        try:
-            try:
-                return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
-            except SequenceError:
-                # as Core.publish_plain: a borrowed producer the shard forgot starts over
-                return await self._publish_one(tenant, namespace, stream, payload, shard, key, state)
-        finally:
-            core.producers.release(state)
-
-    async def _publish_one(
-        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None,
-        key: str | bytes | None, state: ProducerState,
-    ) -> Published:
-        """As :meth:`felix_redis.Client._publish_one`."""
-        core = self.core
-        quick = core.quick_publish(tenant, namespace, stream, payload, shard, key, state)
-        if quick is None:
-            s, first, _count = await self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, state))
-            return Published(s, first)
-        op, slot = quick
-        try:
-            reply = await self._execute(op)
-        except FelixError as exc:
-            reply = await self._drive(core.publish_failed(state, op, exc))
-        except BaseException:
-            state.reset()  # cancelled with the outcome unknown
-            raise
-        state.sequences[slot] = op.args[2]
-        return Published(slot[1], int(reply[0]))
+        return await self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key))
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
@@ -641,7 +609,8 @@ class AsyncIdempotentProducer:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         async with self._lock:
-            return await self._client._publish_one(tenant, namespace, stream, payload, shard, key, self._state)
+            return await self._client._drive(self._client.core.publish_one(
+                tenant, namespace, stream, payload, shard, key, self._state))
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str

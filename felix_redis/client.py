@@ -5,44 +5,44 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
-import inspect
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
 from typing import Any, TypeVar
 
 from redis.exceptions import (
     AskError,
-    AuthenticationError,
-    BusyLoadingError,
-    ClusterError,
     ReadOnlyError,
-    RedisClusterException,
     ResponseError,
-    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from felix_redis import scripts
+from felix_redis._driver import (
+    UNAVAILABLE,
+    BatchRun,
+    Item,
+    Ref,
+    ShardedGroupBase,
+    check_raw_client,
+    describe_server,
+    max_block_ms,
+    not_replicated,
+    outcome,
+    translate,
+    with_nodes,
+)
 from felix_redis.connection import default_retry_for, resolve_url, sync_client
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
-    InvalidArgument,
-    NotReplicated,
-    PermissionDenied,
-    SequenceError,
-    from_response,
     redact_url,
 )
 from felix_redis.keys import check_record_key, producer_public_id
-from felix_redis.lane import Lane, NotSent, borrow, ensure_connected, lane_pool, pool_call, read_reply
-from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo, parse_claim
+from felix_redis.lane import Lane, borrow, ensure_connected, lane_pool, pool_call, read_reply
+from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
-    TRANSIENT_ERRORS,
     Batch,
     BlockAny,
     Cmd,
@@ -55,7 +55,6 @@ from felix_redis.protocol import (
     as_bytes,
     check_list,
     new_producer_secret,
-    retry_delays,
     xread_calls,
 )
 from felix_redis.sentinel_watch import SentinelWatch, sentinel_pool
@@ -63,104 +62,6 @@ from felix_redis.sentinel_watch import SentinelWatch, sentinel_pool
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
 T = TypeVar("T")
-
-#: redis-py exceptions that mean "this node cannot take the call now": a failover,
-#: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
-#: the driver sends it again whatever it does (ConnectionFailed with ``unsent``).
-UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, ReadOnlyError, BusyLoadingError)
-
-
-def translate(exc: Exception, op: Op, server: str) -> Exception:
-    """A FelixError for a redis-py exception raised while running ``op``."""
-    context = getattr(op, "context", "")
-    prefix = f"{context}: " if context else ""
-    if isinstance(exc, UNAVAILABLE) or (isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_ERRORS)):
-        # A failover, re-sharding or restart under way; the call did not run (redis-py
-        # strips some error codes from the message, so these are also told apart by type)
-        return ConnectionFailed(f"{prefix}Redis at {server} cannot take the call now: {type(exc).__name__}: {exc}",
-                                unsent=True)
-    if isinstance(exc, ResponseError):
-        mapped = from_response(str(exc))
-        if mapped is None:
-            return FelixError(f"{prefix}Redis error: {exc}")
-        return type(mapped)(f"{prefix}{mapped}")
-    if isinstance(exc, AuthenticationError):
-        # wrong user name or password: no retry will fix it
-        return PermissionDenied(f"Redis at {server} refused the credentials: {_short(exc)}")
-    if isinstance(exc, NotSent):
-        return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc.cause)}", unsent=True)
-    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc)}")
-
-
-def _short(exc: BaseException) -> str:
-    """The gist of a redis-py connection error (some carry kilobytes of pool repr)."""
-    if type(exc).__name__ == "MasterNotFoundError":
-        return str(exc).split(" : ", 1)[0] + " by the sentinels"
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text if len(text) <= 300 else text[:300] + "..."
-
-
-def not_replicated(op: Eval, acked: int, timeout_ms: int) -> NotReplicated:
-    return NotReplicated(
-        f"{op.context}: the write was applied on the primary but only {acked} of "
-        f"{op.replicas} required replica(s) confirmed it within {timeout_ms} ms; "
-        "it may not survive a failover"
-    )
-
-
-def with_nodes(info: StreamInfo, raw: Any) -> StreamInfo:
-    """``info`` with the node serving each shard now (Redis Cluster ``raw``), by the
-    client's slot map."""
-    nodes = []
-    for tag in info.tags:
-        node = raw.get_node_from_key("{" + tag + "}")
-        nodes.append(f"{node.host}:{node.port}")
-    return dataclasses.replace(info, nodes=nodes)
-
-
-def max_block_ms(raw: Any) -> int:
-    """Longest XREAD BLOCK that stays clear of the client's socket timeout (redis-py's
-    default is 5 s); plans split longer waits into several blocks."""
-    timeouts = []
-    pools = [getattr(raw, "connection_pool", None)]
-    pools += [getattr(n.redis_connection, "connection_pool", None)
-              for n in getattr(raw, "get_nodes", lambda: [])() if n.redis_connection is not None]
-    kwargs = getattr(raw, "nodes_manager", None)
-    if kwargs is not None:
-        timeouts.append(kwargs.connection_kwargs.get("socket_timeout"))
-    for pool in pools:
-        if pool is not None:
-            timeouts.append(getattr(pool, "connection_kwargs", {}).get("socket_timeout"))
-    finite = [float(t) for t in timeouts if t]
-    if not finite:
-        return 60_000
-    return max(50, int(min(finite) * 1000 * 0.8) - 200)
-
-
-def check_raw_client(raw: Any, asyncio: bool = False) -> None:
-    """Refuses what a Client (``asyncio``: an AsyncClient) cannot wrap: not a redis-py
-    client, one of the other flavour (sync or asyncio), or one that decodes replies."""
-    if not (hasattr(raw, "register_script") and hasattr(raw, "execute_command")):
-        raise InvalidArgument(
-            f"Client() wraps a Redis client (redis.Redis, Sentinel.master_for(...), RedisCluster), "
-            f"got {type(raw).__name__}; use felix_redis.connect(url) for a URL"
-        )
-    if inspect.iscoroutinefunction(raw.execute_command) != asyncio:
-        raise InvalidArgument(
-            f"felix_redis.asyncio.Client wraps a redis.asyncio client, got the synchronous {type(raw).__name__}"
-            if asyncio else
-            f"felix_redis.Client wraps a synchronous redis-py client, got {type(raw).__module__}.{type(raw).__name__}; "
-            "use felix_redis.asyncio.Client for a redis.asyncio client"
-        )
-    pool = getattr(raw, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
-    if kwargs.get("decode_responses") or (getattr(raw, "get_encoder", None) and getattr(
-        raw.get_encoder(), "decode_responses", False
-    )):
-        raise InvalidArgument(
-            "felix-redis needs a Redis client with decode_responses=False (payloads are bytes)"
-        )
-
 
 class Client:
     """Streams, groups and records on one Redis deployment.
@@ -183,7 +84,7 @@ class Client:
         self._cluster = hasattr(redis_client, "get_node_from_key")
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
-        self.url = redact_url(url) if url else _describe(redis_client)
+        self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         #: redis-py's pool, where script calls may borrow connections one call at a time
         #: (:func:`felix_redis.lane.pool_call`); None: through execute_command
@@ -306,7 +207,7 @@ class Client:
         """The calls in one pipeline (see :class:`BatchRun`); one by one on Cluster or
         with WAIT."""
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
-            return [_outcome(self._execute_once, e) for e in op.ops]
+            return [outcome(self._execute_once, e) for e in op.ops]
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         while (commands := run.commands()) is not None:
             if run.pause:
@@ -506,41 +407,7 @@ class Client:
         """Appends one record. Routed by ``shard``, else by ``key``, else round-robin."""
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        core = self.core
-        if not core.idempotent_publish:
-            s, first, _count = self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, None))
-            return Published(s, first)
-        state = core.producers.acquire()
-        try:
-            try:
-                return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
-            except SequenceError:
-                # as Core.publish_plain: a borrowed producer the shard forgot starts over
-                return self._publish_one(tenant, namespace, stream, payload, shard, key, state)
-        finally:
-            core.producers.release(state)
-
-    def _publish_one(
-        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None,
-        key: str | bytes | None, state: ProducerState,
-    ) -> Published:
-        """One payload with producer ``state`` (held by the caller): the script call
-        straight away when the caches allow (:meth:`Core.quick_publish`), else the plan."""
-        core = self.core
-        quick = core.quick_publish(tenant, namespace, stream, payload, shard, key, state)
-        if quick is None:
-            s, first, _count = self._drive(core.publish(tenant, namespace, stream, [payload], shard, key, state))
-            return Published(s, first)
-        op, slot = quick
-        try:
-            reply = self._execute(op)
-        except FelixError as exc:
-            reply = self._drive(core.publish_failed(state, op, exc))
-        except BaseException:
-            state.reset()  # interrupted with the outcome unknown
-            raise
-        state.sequences[slot] = op.args[2]
-        return Published(slot[1], int(reply[0]))
+        return self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key))
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
@@ -748,64 +615,6 @@ def _reply(conn: Any) -> Any:
         return exc
 
 
-class BatchRun:
-    """The driver-independent part of running a Batch as one pipeline of plain FCALL
-    (or EVALSHA) commands: the commands to send, and what the replies mean. Calls that
-    did not run because the server lacks the library or script are sent again once it
-    is loaded; calls refused FCALL are sent again as EVALSHA (see :class:`scripts.Runner`);
-    calls a failover or restart refused (READONLY, LOADING, ...: they did not run) are
-    sent again after :attr:`pause`, for ``retry_for`` seconds, as a single call would be."""
-
-    def __init__(self, op: Batch, runner: scripts.Runner, url: str, retry_for: float = 0.0) -> None:
-        self.op, self.runner, self.url = op, runner, url
-        self.results: list[Any] = [None] * len(op.ops)
-        self.todo: list[int] = list(range(len(op.ops)))
-        self.rounds = 0
-        #: seconds the driver waits before sending the next round (refused calls)
-        self.pause = 0.0
-        self._delays = retry_delays(retry_for)
-
-    def commands(self) -> list[tuple[Any, ...]] | None:
-        """The commands of the next round, or None when every call has its reply."""
-        if not self.todo:
-            return None
-        if not self.pause:
-            self.rounds += 1
-            if self.rounds > 4:
-                raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
-        return [self.runner.command(e.script, e.keys, e.args) for e in (self.op.ops[i] for i in self.todo)]
-
-    def take(self, replies: list[Any]) -> set[str]:
-        """Records the replies; returns the names of the scripts to load first."""
-        again, load = [], set()
-        pause: float | None = None  # this round's, taken when the first call was refused
-        for i, reply in zip(self.todo, replies, strict=True):
-            if self.runner.missing(reply):
-                again.append(i)
-                load.add(self.op.ops[i].script)
-            elif self.runner.refused(reply):
-                again.append(i)
-            else:
-                result = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
-                if isinstance(result, ConnectionFailed) and result.unsent:
-                    pause = next(self._delays, None) if pause is None else pause
-                    if pause is not None:
-                        again.append(i)  # it did not run: once more, after the pause
-                        continue
-                self.results[i] = result
-        self.pause = pause or 0.0
-        self.todo = again
-        return load
-
-
-def _outcome(run: Any, op: Eval) -> Any:
-    """``run(op)``'s reply, or the FelixError it raised (for a Batch's reply list)."""
-    try:
-        return run(op)
-    except FelixError as exc:
-        return exc
-
-
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -814,18 +623,6 @@ def _block_pool() -> concurrent.futures.ThreadPoolExecutor:
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="felix-block")
     return _pool
-
-
-def _one(op: Op) -> Plan[Any]:
-    return (yield op)
-
-
-def _describe(raw: Any) -> str:
-    try:
-        kwargs = raw.connection_pool.connection_kwargs
-        return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
-    except AttributeError:
-        return type(raw).__name__
 
 
 class Subscription:
@@ -891,106 +688,13 @@ class IdempotentProducer:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         with self._state.lock:
-            return self._client._publish_one(tenant, namespace, stream, payload, shard, key, self._state)
+            return self._client._drive(self._client.core.publish_one(
+                tenant, namespace, stream, payload, shard, key, self._state))
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
     ) -> Published:
         return self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
-
-
-class Item:
-    """A record handed out by a ShardedGroup; settles through the group."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, record: Record) -> None:
-        self.record = record
-
-    @property
-    def shard(self) -> int:
-        return self.record.shard
-
-    @property
-    def offset(self) -> int:
-        return self.record.offset
-
-    @property
-    def attempts(self) -> int:
-        return self.record.attempts
-
-    @property
-    def payload(self) -> bytes:
-        return self.record.payload
-
-    @property
-    def published_at(self) -> datetime:
-        return self.record.published_at
-
-    @property
-    def key(self) -> str | None:
-        return self.record.key
-
-    @property
-    def claim(self) -> str:
-        return self.record.claim
-
-    def __repr__(self) -> str:
-        return f"Item({self.record!r})"
-
-
-def _shard(item: Item | Record | str) -> int:
-    """The shard a settle goes to: the record's, or the claim string's."""
-    if isinstance(item, Item):
-        return item.record.shard
-    if isinstance(item, Record):
-        return item.shard
-    if isinstance(item, str):
-        return parse_claim(item, attempts_required=False).shard
-    raise InvalidArgument(f"expected an Item, Record or claim string, got {type(item).__name__}")
-
-
-Ref = Item | Record | str
-
-
-class ShardedGroupBase:
-    """What the sync and asyncio sharded groups share: where they poll, routing."""
-
-    def __init__(
-        self, core: Core, tenant: str, namespace: str, stream: str, group: str,
-        consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
-    ) -> None:
-        self._core = core
-        self.shards = None if shards is None else list(shards)
-        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
-        self.consumer = consumer
-        self.reclaim = reclaim
-        self._cursor = 0
-        self._reclaimed: set[int] = set()
-
-    def _where(self, item: Ref) -> tuple[str, str, str, int, str]:
-        return self.tenant, self.namespace, self.stream, _shard(item), self.group
-
-    def _poll_plan(
-        self, max_records: int, wait: float | None, ack: Iterable[Ref] | None = None
-    ) -> Plan[list[Item]]:
-        records, self._cursor = yield from self._core.sharded_poll(
-            self.tenant, self.namespace, self.stream, self.group, max_records, wait,
-            self.consumer, self._reclaimed, self._cursor, self.reclaim, self.shards,
-            None if ack is None else self._by_shard(ack),
-        )
-        return [Item(r) for r in records]
-
-    def _ack_plan(self, items: Iterable[Ref]) -> Plan[int]:
-        return (yield from self._core.ack_sharded(
-            self.tenant, self.namespace, self.stream, self.group, self._by_shard(items)))
-
-    @staticmethod
-    def _by_shard(items: Iterable[Ref]) -> dict[int, list[Ref]]:
-        grouped: dict[int, list[Ref]] = {}
-        for item in check_list(items, "items"):
-            grouped.setdefault(_shard(item), []).append(item)
-        return grouped
 
 
 class ShardedGroup(ShardedGroupBase):

@@ -17,7 +17,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -815,21 +815,61 @@ class Core:
         shard: int | None,
         key: object,
     ) -> Plan[tuple[int, int, int]]:
-        """A plain publish: idempotent under retries through a borrowed producer unless
-        the client was made with ``idempotent_publish=False``."""
+        """A plain publish of a batch: idempotent under retries through a borrowed
+        producer unless the client was made with ``idempotent_publish=False``; returns
+        (shard, first offset, count)."""
         if not self.idempotent_publish:
             return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, None))
+        return (yield from self.with_borrowed_producer(
+            self.publish, tenant, namespace, stream, payloads, shard, key))
+
+    def publish_single(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+    ) -> Plan[Published]:
+        """A plain publish of one payload, as :meth:`publish_plain`, through
+        :meth:`publish_one`'s quick path where the caches allow. (Not a generator
+        itself: it hands out the plan that runs, one frame less on the hot path.)"""
+        if not self.idempotent_publish:
+            return self.publish_one(tenant, namespace, stream, payload, shard, key, None)
+        return self.with_borrowed_producer(self.publish_one, tenant, namespace, stream, payload, shard, key)
+
+    def with_borrowed_producer(
+        self, publish: Callable[..., Plan[T]], *args: Any
+    ) -> Plan[T]:
+        """``publish(*args, producer)`` with a producer borrowed from the pool for its
+        length. When the shard forgot that producer's last sequences (a failover lost
+        them), nothing was written and the producer starts over under a new secret, so
+        it runs once more, as a first publish: the caller never chose a sequence."""
         state = self.producers.acquire()
         try:
             try:
-                return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
+                return (yield from publish(*args, state))
             except SequenceError:
-                # The shard forgot this borrowed producer's last sequences (a failover
-                # lost them): nothing was written, and the producer starts over under
-                # a new id, so this is a first publish; the caller never chose a sequence.
-                return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, state))
+                return (yield from publish(*args, state))
         finally:
             self.producers.release(state)
+
+    def publish_one(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+        producer: ProducerState | None,
+    ) -> Plan[Published]:
+        """One payload with ``producer`` (held by the caller; None: without producer
+        state): the script call straight away when the caches allow
+        (:meth:`quick_publish`), else :meth:`publish`."""
+        if producer is None or (quick := self.quick_publish(
+                tenant, namespace, stream, payload, shard, key, producer)) is None:
+            s, first, _count = yield from self.publish(tenant, namespace, stream, [payload], shard, key, producer)
+            return Published(s, first)
+        op, slot = quick
+        try:
+            reply = yield op
+        except FelixError as exc:
+            reply = yield from self.publish_failed(producer, op, exc)
+        except BaseException:
+            producer.reset()  # interrupted or cancelled with the outcome unknown
+            raise
+        producer.sequences[slot] = op.args[2]
+        return Published(slot[1], int(reply[0]))
 
     def shard_target(self, name: StreamName, shard: int) -> tuple[list[str], str]:
         """The keys publish takes (meta, log, conf) of a checked shard, and the context
