@@ -45,6 +45,14 @@ local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
 
+-- A record whose deliveries reached max_attempts becomes a dead letter (true) instead of
+-- being owed or handed out again: reclaimed, lapsed or due (past a lowered max).
+local function buried(off, a, why)
+  if a < S.max then return false end
+  dead_letter(K, S, off, a, 'max_attempts reached' .. why, now)
+  return true
+end
+
 -- 0. Acks, exactly as group_ack would: the records the caller finished leave before
 -- new ones are leased.
 if acks then ack_many(K, S, acks, ack_offs) end
@@ -59,9 +67,7 @@ if reclaim and consumer ~= '' and S.cons then
     redis.call('HDEL', K.owner, m)
     if unlease(K, {tonumber(m)}) == 1 then
       local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
-      if a >= S.max then
-        dead_letter(K, S, tonumber(m), a, 'max_attempts reached: reclaimed by ' .. consumer, now)
-      else
+      if not buried(tonumber(m), a, ': reclaimed by ' .. consumer) then
         redis.call('HSET', K.attempts, m, a)
         redis.call('ZADD', K.owed, 0, m)
         reclaimed = true
@@ -101,9 +107,7 @@ if #lapsed > 0 then
       local m = fmt(off)
       release_owner(K, S, m)
       local a = tonumber(redis.call('HGET', K.attempts, m)) or 1
-      if a >= S.max then
-        dead_letter(K, S, off, a, 'max_attempts reached: lease lapsed', now)
-      else
+      if not buried(off, a, ': lease lapsed') then
         redis.call('HSET', K.attempts, m, a)
         redis.call('ZADD', K.owed, expiry, m)
       end
@@ -123,7 +127,8 @@ local expiry = fmt(now + S.vt)
 -- trimmed between them, one per redelivered record)
 local lfirst, llast, owners, held, counts = {}, {}, {}, {}, {}
 local h = 0
-local function lease(m, id, attempts, fields)
+-- Takes record m into the poll's leases: its attempts (past the first) and its owner.
+local function lease(m, attempts)
   -- an in-flight record without an attempts entry is on its first delivery
   if attempts > 1 then counts[#counts + 1] = m; counts[#counts + 1] = fmt(attempts) end
   if consumer ~= '' then
@@ -133,14 +138,23 @@ local function lease(m, id, attempts, fields)
     held[h - 1] = '0'
     held[h] = consumer .. '|' .. m
   end
-  local payload, key
-  if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
-  out[o + 1] = id
-  out[o + 2] = attempts
-  out[o + 3] = key
-  out[o + 4] = payload
-  o = o + 4
-  n = n + 1
+end
+-- Writes the log entries es[i..j], delivered with attempts, into the reply: ID,
+-- attempts, key, payload each (one call for a poll's dense new records).
+local function put(es, i, j, attempts)
+  local r, at = out, o  -- (locals: an upvalue costs more per record)
+  for k = i, j do
+    local e = es[k]
+    local fields = e[2]
+    local payload, key
+    if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
+    r[at + 1] = e[1]
+    r[at + 2] = attempts
+    r[at + 3] = key
+    r[at + 4] = payload
+    at = at + 4
+  end
+  o, n = at, n + j - i + 1
 end
 
 -- 3. Due redeliveries, by due time.
@@ -154,9 +168,7 @@ end
 for _, m in ipairs(due) do
   local off = tonumber(m)
   local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
-  if a >= S.max then
-    dead_letter(K, S, off, a, 'max_attempts reached', now)
-  else
+  if not buried(off, a, '') then
     local e = redis.call('XRANGE', K.log, m, m, 'COUNT', '1')
     if #e == 0 then
       -- trimmed by retention while owed: counted, never silently skipped
@@ -165,7 +177,9 @@ for _, m in ipairs(due) do
       S.dirty = true
     else
       redis.call('ZREM', K.owed, m)
-      lease(m, e[1][1], a + 1, e[1][2])
+      local attempts = a + 1
+      lease(m, attempts)
+      put(e, 1, 1, attempts)
       lfirst[#lfirst + 1] = m
       llast[#llast + 1] = m
     end
@@ -180,37 +194,26 @@ if want > 0 and S.next < S.tail then
   local count = #entries
   if count > 0 and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
-    -- and the records take one lease. Anonymous first deliveries (the usual case) are
-    -- written out here, without a call per record.
-    if consumer == '' then
-      for i = 1, count do
-        local e = entries[i]
-        local id, fields = e[1], e[2]
-        local payload, key
-        if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
-        out[o + 1] = id
-        out[o + 2] = 1
-        out[o + 3] = key
-        out[o + 4] = payload
-        o = o + 4
-      end
-      n = n + count
-    else
-      for i, e in ipairs(entries) do lease(fmt(first + i - 1), e[1], 1, e[2]) end
+    -- and the records take one lease (anonymous first deliveries, the usual case, have
+    -- no attempts nor owner to write)
+    if consumer ~= '' then
+      for i = 1, count do lease(fmt(first + i - 1), 1) end
     end
+    put(entries, 1, count, 1)
     lfirst[#lfirst + 1] = fmt(first)
     llast[#llast + 1] = fmt(first + count - 1)
     S.next = first + count
   else
     local fresh = {}
-    for _, e in ipairs(entries) do
+    for i, e in ipairs(entries) do
       local m = s_match(e[1], '^%d+')
       local off = tonumber(m)
       -- a second entry at an offset (added by hand with a later time) is no record: the
       -- offset's record is its first entry, as a redelivery's XRANGE O O finds it
       if off >= S.next then
         if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
-        lease(m, e[1], 1, e[2])
+        lease(m, 1)
+        put(entries, i, i, 1)
         fresh[#fresh + 1] = off
         S.next = off + 1
       end
