@@ -14,7 +14,7 @@ import pytest
 
 import felix_redis
 import felix_redis.asyncio as fa
-from felix_redis import InvalidArgument, NotFound, Record
+from felix_redis import InvalidArgument, NotFound, Record, caches
 from felix_redis import protocol as P
 from felix_redis.client import Item
 from felix_redis.models import DeadLetter
@@ -147,13 +147,13 @@ def test_settings_are_reloaded_after_their_ttl_and_after_a_delete(
     seen = group_poll_evals(client, monkeypatch)
     client.group_poll(T, N, S, 1, G)
     assert [op.script for op in seen] == ["group_poll"]  # settings and keys from the caches
-    client.core.settings_ttl_s = 0
+    client.core.cache.settings_ttl_s = 0
     client.group_poll(T, N, S, 1, G)
     client.group_ack_many(T, N, S, 1, G, [0])
     client.publish(T, N, S, b"x", shard=1)
     assert [op.script for op in seen[1:]] == ["stream_info", "group_poll", "stream_info", "group_ack",
                                               "stream_info", "publish"]
-    client.core.settings_ttl_s = 60.0
+    client.core.cache.settings_ttl_s = 60.0
     client.stream_delete(T, N, S)
     client.stream_create(T, N, S, shards=1)
     client.group_create(T, N, S, G)
@@ -165,7 +165,7 @@ def test_settings_are_reloaded_after_their_ttl_and_after_a_delete(
 
 
 def test_the_caches_are_bounded(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(P, "CACHE_MAX", 4)
+    monkeypatch.setattr(caches, "CACHE_MAX", 4)
     client.stream_create(T, N, S, shards=2)
     groups = [f"g{i}" for i in range(6)]
     for group in groups:
@@ -180,7 +180,7 @@ def test_the_caches_are_bounded(client: felix_redis.Client, monkeypatch: pytest.
     for group in groups:
         assert client.group_ack_many(T, N, S, 0, group, [0]) == [True]
     core = client.core
-    assert len(core._groups) <= 4 and len(core._names) <= 4 and len(core._shards) <= 4
+    assert len(core.cache.groups) <= 4 and len(core.cache.names) <= 4 and len(core.cache.shards) <= 4
     assert client.group_describe(T, N, S, "g5").shards[0].position == 1
 
 
@@ -317,9 +317,9 @@ def test_quick_publish_sends_what_the_plan_sends(client: felix_redis.Client) -> 
         (T, N, S, b"x", None, None, P.ProducerState()),  # no producer id yet
     ]:
         assert core.quick_publish(*args) is None
-    core.settings_ttl_s = 0  # stale settings: the plan reads them again
+    core.cache.settings_ttl_s = 0  # stale settings: the plan reads them again
     assert core.quick_publish(T, N, S, b"x", None, None, producer) is None
-    core.settings_ttl_s = 60.0
+    core.cache.settings_ttl_s = 60.0
     client.stream_create(T, N, "kept", retention_max_len=10)
     client.publish(T, N, "kept", b"warm")
     assert core.quick_publish(T, N, "kept", b"x", None, None, producer) is None  # it trims after publishing

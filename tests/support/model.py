@@ -59,7 +59,7 @@ class PollPlan:
 
 def trim_slack(max_len: int) -> int:
     """How far a shard may outgrow ``max_len`` before a publish trims it (10 %, at
-    least 1, at most 1000; felix_redis.protocol.Core.maybe_trim)."""
+    least 1, at most 1000; felix_redis.retention.Retention.maybe_trim)."""
     return max(1, min(1000, max_len // 10))
 
 
@@ -215,7 +215,7 @@ class ShardModel:
 
     def published(self) -> int:
         """After a publish to this shard: trims once the log outgrew its limit by more
-        than the slack (felix_redis.protocol.Core.maybe_trim); returns the records trimmed."""
+        than the slack (felix_redis.retention.Retention.maybe_trim); returns the records trimmed."""
         if self.max_len and self.tail - self.first > self.max_len + trim_slack(self.max_len):
             return self.trim()
         return 0

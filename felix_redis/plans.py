@@ -1,0 +1,195 @@
+"""The ops a plan yields and what a driver does when one fails.
+
+A plan (:mod:`felix_redis.protocol`) is a generator that yields ops: :class:`Eval`
+(one script call), :class:`Cmd` (one plain command), :class:`BlockAny` (block until
+one of some streams moves), :class:`Batch` (script calls in one round trip) and
+:class:`Sleep`; the driver sends each back its reply, or throws in the FelixError it
+raised. Which ops may be sent again after a lost reply, and how long a driver keeps
+trying, is decided here once for both drivers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+from felix_redis.errors import ConnectionFailed, OutcomeUnknown
+from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
+
+T = TypeVar("T")
+
+
+class Eval:
+    """Run script ``script`` with ``keys`` and ``args``; ``replicas``: WAIT for that many
+    replicas after it (a write on a quorum/all stream)."""
+
+    __slots__ = ("args", "context", "keys", "replicas", "script")
+
+    def __init__(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        context: str,
+        replicas: int = 0,
+    ) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.context = context
+        self.replicas = replicas
+
+
+class Cmd:
+    """Run one plain command. ``key`` routes it on Redis Cluster; ``block_ms`` marks a
+    blocking read (the driver allows for it in socket timeouts)."""
+
+    __slots__ = ("args", "block_ms", "context", "key")
+
+    def __init__(self, *args: Any, key: str | None = None, context: str = "", block_ms: int = 0):
+        self.args = args
+        self.key = key
+        self.context = context
+        self.block_ms = block_ms
+
+
+class BlockAny:
+    """Block until any of ``streams`` (key, last seen ID) gets a new entry, or
+    ``block_ms`` passes. One XREAD BLOCK when all keys share a slot; on Redis Cluster the
+    driver blocks on each slot at once. Plans treat the answer only as "look again", so
+    a driver may return early (it caps blocks below its socket timeout) or return None
+    after a failed block; the next poll then reports any real failure."""
+
+    __slots__ = ("block_ms", "context", "streams")
+
+    def __init__(self, streams: list[tuple[str, str]], block_ms: int, context: str = "") -> None:
+        self.streams = streams
+        self.block_ms = block_ms
+        self.context = context
+
+
+class Batch:
+    """Several script calls in one round trip (a pipeline, no transaction). The reply is a
+    list holding each call's reply, or the FelixError it raised. A driver may run them one
+    by one instead (Redis Cluster, where shards live on different nodes; calls that WAIT)."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: list[Eval]) -> None:
+        self.ops = ops
+
+
+class Sleep:
+    """Pause the plan (client side), e.g. between retries."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+Op = Eval | Cmd | BlockAny | Batch | Sleep
+Plan = Generator[Op, Any, T]
+
+
+# --------------------------------------------------------------------------- retries
+
+#: Scripts a client may run again after a connection failure or failover without
+#: changing the outcome: reads, idempotent writes (ack, create with the same settings,
+#: configure) and polls (a poll whose reply was lost leaves leases that lapse, so those
+#: records are redelivered later: delayed, never lost). Publishing is safe only with a
+#: producer (a re-send is answered from the shard's memory). Not discard: sent again,
+#: it finds the records discarded already and refuses them as not dead letters.
+RETRY_SAFE_SCRIPTS = frozenset({
+    "stream_info", "stream_read", "stream_create", "stream_trim", "group_describe", "group_dead_letters",
+    "group_poll", "group_ack", "group_configure",
+})
+RETRY_SAFE_COMMANDS = frozenset({
+    "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING",
+})
+#: Error replies that mean "this node cannot take the call now" (a failover or restart
+#: is under way); treated like a lost connection.
+TRANSIENT_ERRORS = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def retry_safe(op: object) -> bool:
+    if type(op) is Eval:
+        if op.script == "publish":
+            return bool(op.args[1])  # a producer id
+        return op.script in RETRY_SAFE_SCRIPTS
+    if type(op) is Cmd:
+        return str(op.args[0]).upper() in RETRY_SAFE_COMMANDS
+    if type(op) is Batch:
+        return all(retry_safe(e) for e in op.ops)
+    return False
+
+
+def retry_delays(total_s: float) -> Generator[float, None, None]:
+    """Jittered exponential pauses (50 ms doubling to 1 s) until ``total_s`` of wall
+    time has passed since the first one was asked for."""
+    deadline = time.monotonic() + total_s
+    base = 0.05
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(min(base, 1.0) * (0.5 + random.random() / 2), left)
+        base *= 2
+
+
+class Retrying:
+    """What a driver does after an op failed with ConnectionFailed: ``pause()`` says how
+    long to wait before trying again, or raises the error when the budget is spent or the
+    op may not be sent again. An op is sent again when it is safe to repeat
+    (:func:`retry_safe`), or when the failure says it never ran (``exc.unsent``: no
+    connection could be made, or a failover, restart or moved slot refused it). Any other
+    failure of an op that is not safe to repeat raises :class:`OutcomeUnknown`. A failed
+    block is not retried: after a short pause the driver answers it as a wake-up, and the
+    plan's next poll decides."""
+
+    BLOCK_PAUSE = 0.05
+
+    def __init__(self, op: Op, total_s: float) -> None:
+        self.op = op
+        self.total_s = total_s
+        self.safe = retry_safe(op)
+        self.delays: Generator[float, None, None] | None = None
+
+    def pause(self, exc: ConnectionFailed) -> float:
+        if type(self.op) is BlockAny:
+            return self.BLOCK_PAUSE
+        if not (self.safe or exc.unsent):
+            raise OutcomeUnknown(
+                f"{exc}; the call was sent and may or may not have taken effect "
+                "(it is not safe to repeat, so it was not sent again)"
+            ) from None
+        if self.delays is None:
+            self.delays = retry_delays(self.total_s)
+        pause = next(self.delays, None)
+        if pause is None:
+            raise exc
+        return pause
+
+
+def xread_calls(op: BlockAny, keyslot: Any, max_block_ms: int) -> list[list[Any]]:
+    """The XREAD BLOCK commands for ``op``: one when every key shares a slot, else one
+    per slot (Redis Cluster), each blocking at most ``max_block_ms``."""
+    by_slot: dict[int, list[tuple[str, str]]] = {}
+    for key, last in op.streams:
+        by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))
+    block_ms = min(op.block_ms, max_block_ms)
+    return [["XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *[k for k, _ in points], *[i for _, i in points]]
+            for points in by_slot.values()]
+
+
+#: Where a group's log and wake stream stand in the keys of a group on a shard
+#: (:meth:`felix_redis.keys.StreamName.shard_keys`, then ``group_keys``).
+_LOG = SHARD_ROLES.index("log")
+_WAKE = len(SHARD_ROLES) + GROUP_ROLES.index("wake")
+
+
+def wake_points(keys: list[str], reply: list[Any]) -> list[tuple[str, str]]:
+    """Where a long-poller blocks after an empty poll: the log after the tail the poll
+    saw, and the group's wake stream after the wake sequence it saw. Anything that
+    happens after the poll has a larger ID, so no wake-up is missed. ``keys``: the
+    group's keys on the shard, as a poll takes them."""
+    return [(keys[_LOG], f"{int(reply[2])}-0"), (keys[_WAKE], f"{int(reply[3])}-1")]
