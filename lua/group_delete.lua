@@ -35,7 +35,7 @@ local K = group_keys()
 if ARGV[1] ~= group_shape().group then
   fail('INVALID', 'ARGV[1] names group ' .. tostring(ARGV[1]) .. ', KEYS are those of group ' .. group_shape().group)
 end
-for _, kt in ipairs(GROUP_KEY_TYPES) do expect_role_type(K[kt[1]], kt[1], kt[2]) end
+for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
 expect_type(KEYS[14], 'set')
 local existed = redis.call('EXISTS', K.group)
 if ARGV[2] == '1' then return existed end

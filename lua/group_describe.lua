@@ -34,10 +34,9 @@ local first = log_first(K.log, S.tail)
 if S.pos == S.next and first > S.pos then position = first end
 local r = redis.call('ZRANGE', K.redo, 0, 0, 'WITHSCORES')
 if #r > 0 and tonumber(r[2]) < position then position = tonumber(r[2]) end
--- each lease covers FIRST..LAST (an earlier version's lease, with no held member, one
--- record; the member it kept at +inf is no lease)
+-- each lease covers FIRST..LAST (the held key's score of FIRST)
 local lapsed, in_flight = 0, 0
-local leases = redis.call('ZRANGE', K.lease, '-inf', '(+inf', 'BYSCORE', 'WITHSCORES')
+local leases = redis.call('ZRANGE', K.lease, '0', '-1', 'WITHSCORES')
 if #leases > 0 then
   local firsts = {}
   for i = 1, #leases, 2 do firsts[#firsts + 1] = leases[i] end

@@ -28,26 +28,9 @@
 -- FELIX_WRONGTYPE. In 'list' mode every offset is checked before anything is written.
 --- @include "group"
 require_group_role('group.manage')
-local mode = ARGV[1]
 local K = group_keys()
 load_group(K)
-local targets, cursor = {}, '0'
-if mode == 'list' then
-  if #ARGV < 3 or #ARGV > 10002 then fail('INVALID', 'discard takes 1 to 10000 offsets') end
-  for i = 3, #ARGV do
-    local off = int_arg(ARGV[i], 'offset', 0, 2 ^ 52)
-    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 then
-      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' is not a dead letter of this group')
-    end
-    targets[#targets + 1] = fmt(off)
-  end
-elseif mode == 'all' then
-  local scan = redis.call('HSCAN', K.dead, ARGV[2], 'COUNT', 1000)
-  cursor = scan[1]
-  for i = 1, #scan[2], 2 do targets[#targets + 1] = scan[2][i] end
-else
-  fail('INVALID', "mode must be 'all' or 'list'")
-end
+local targets, cursor = dead_targets(K, 'discard')
 local count = 0
 for _, m in ipairs(targets) do count = count + redis.call('HDEL', K.dead, m) end
 return {count, cursor}

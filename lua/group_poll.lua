@@ -97,8 +97,8 @@ if #lapsed > 0 then
   for i = 1, #lapsed, 2 do firsts[#firsts + 1] = lapsed[i] end
   local lasts = {}
   if K.types.held ~= 'none' then lasts = call_many('ZMSCORE', K.held, firsts) end
-  K.sizes.lease = K.sizes.lease - call_many('ZREM', K.lease, firsts)
-  if K.types.held ~= 'none' then K.sizes.held = K.sizes.held - call_many('ZREM', K.held, firsts) end
+  call_many('ZREM', K.lease, firsts)
+  if K.types.held ~= 'none' then call_many('ZREM', K.held, firsts) end
   local budget = max_records + 64
   for j, f in ipairs(firsts) do
     local first, last, expiry = tonumber(f), tonumber(lasts[j] or f), lapsed[2 * j]

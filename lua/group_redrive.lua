@@ -29,33 +29,9 @@
 -- offset is checked before anything is written.
 --- @include "group"
 require_group_role('group.manage')
-local mode = ARGV[1]
 local K = group_keys()
 local S = load_group(K)
-local targets, cursor = {}, '0'
-if mode == 'list' then
-  if #ARGV < 3 or #ARGV > 10002 then fail('INVALID', 'redrive takes 1 to 10000 offsets') end
-  for i = 3, #ARGV do
-    local off = int_arg(ARGV[i], 'offset', 0, 2 ^ 52)
-    if redis.call('HEXISTS', K.dead, fmt(off)) == 0 then
-      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' is not a dead letter of this group')
-    end
-    if #redis.call('XRANGE', K.log, fmt(off), fmt(off), 'COUNT', 1) == 0 then
-      fail('NOT_FOUND', 'record ' .. fmt(off) .. ' was trimmed from the log; discard it instead')
-    end
-    targets[#targets + 1] = fmt(off)
-  end
-elseif mode == 'all' then
-  local scan = redis.call('HSCAN', K.dead, ARGV[2], 'COUNT', 1000)
-  cursor = scan[1]
-  for i = 1, #scan[2], 2 do
-    local m = scan[2][i]
-    -- trimmed records cannot be redelivered: they stay dead letters
-    if #redis.call('XRANGE', K.log, m, m, 'COUNT', 1) > 0 then targets[#targets + 1] = m end
-  end
-else
-  fail('INVALID', "mode must be 'all' or 'list'")
-end
+local targets, cursor = dead_targets(K, 'redrive', true)
 local now = now_ms()
 local count = 0
 for _, m in ipairs(targets) do

@@ -62,8 +62,6 @@ else
   m = typed_call('hash', 'HMGET', meta, 'tail', 'first', field)
 end
 local max_payload = setting_num(typed_call('hash', 'HGET', KEYS[3], 'max_payload'))
--- (a shard of an earlier version keeps its settings in meta until stream_create moves them)
-if not max_payload then max_payload = setting_num(redis.call('HGET', meta, 'max_payload')) end
 if not max_payload then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 local tail_s = m[1]
 -- a tail that is not a plain decimal (written by hand): the log's
@@ -79,7 +77,7 @@ if state then
   -- state: 'SEQ FIRST COUNT MS IDLE MAC'. The next sequence, the usual case, needs only
   -- SEQ (cut out with a plain find): it appends whatever the state says. A re-send or a
   -- refusal is answered from the state only when its MAC is this producer's; any other
-  -- state (written by hand, or by an earlier version) counts as none.
+  -- state (written by hand) counts as none.
   local j = s_find(state, ' ', 1, true)
   local last = j and tonumber(s_sub(state, 1, j - 1))
   if last and seq ~= last + 1 then
@@ -115,8 +113,7 @@ if field and not state then
   local found = scan[2]
   cursor, expired = scan[1], {}
   for i = 2, #found, 2 do
-    -- (a state of an earlier version has no MAC: pruned all the same)
-    local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+) ?%x*$')
+    local at, idle = s_match(found[i], '^%d+ %d+ %d+ (%d+) (%d+) %x+$')
     if at and tonumber(at) + tonumber(idle) <= now then expired[#expired + 1] = found[i - 1] end
   end
 end

@@ -26,8 +26,6 @@
 --
 -- Role: stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
--- A shard an earlier version made keeps its settings in meta: they are compared there and,
--- when they match, moved to conf (check=0), out of publishers' reach.
 -- Returns: 1 when created (check=1: when it would be created), 0 when it existed with the
 -- same settings.
 -- Errors: FELIX_NOPERM (no stream.admin role), FELIX_INVALID (bad argument, keys not the shard's meta, log and
@@ -55,25 +53,15 @@ expect_type(KEYS[3], 'hash')
 local settings = {'kind', kind, 'shards', ARGV[2], 'shard', ARGV[3], 'replication', ARGV[4],
   'consistency', consistency, 'max_len', ARGV[6], 'max_age', ARGV[7], 'max_payload', ARGV[8],
   'name', ARGV[9], 'mode', mode, 'spread', ARGV[12]}
--- the settings live in conf; a shard of an earlier version has them in meta
-local have_conf = redis.call('EXISTS', KEYS[3]) == 1
-local old = not have_conf and redis.call('HEXISTS', KEYS[1], 'kind') == 1
-if have_conf or old then
-  local where = have_conf and KEYS[3] or KEYS[1]
+-- the settings live in conf, out of publishers' reach
+if redis.call('EXISTS', KEYS[3]) == 1 then
   for i = 1, #settings, 2 do
-    local have = redis.call('HGET', where, settings[i])
+    local have = redis.call('HGET', KEYS[3], settings[i])
     if have == false and settings[i] == 'spread' then have = '0' end
     if have ~= settings[i + 1] then
       fail('STREAM_EXISTS', 'stream exists with ' .. settings[i] .. '=' .. tostring(have)
         .. ', not ' .. settings[i + 1])
     end
-  end
-  if old and ARGV[10] ~= '1' then
-    local created = redis.call('HGET', KEYS[1], 'created') or fmt(now_ms())
-    redis.call('HSET', KEYS[3], 'created', created, unpack(settings))
-    local fields = {'created'}
-    for i = 1, #settings, 2 do fields[#fields + 1] = settings[i] end
-    redis.call('HDEL', KEYS[1], unpack(fields))
   end
   return 0
 end

@@ -18,19 +18,11 @@
 -- the shard and the group names imply), FELIX_CONFLICT (the group list changed
 -- since the caller read it: read again and retry), FELIX_WRONGTYPE (any key passed,
 -- group keys included, holds another type: nothing is deleted).
---- @include "roles"
---- @include "acl"
+--- @include "shard_groups"
 require_stream_role('stream.admin')
-local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 then fail('INVALID', 'group names do not match the count') end
-require_shard_keys(SHARD_KEYS_INFO, true)
-require_group_keys(5, 11, {unpack(ARGV, 2)})
-expect_type(KEYS[1], 'hash')
-expect_type(KEYS[2], 'stream')
-expect_type(KEYS[3], 'set')
-expect_type(KEYS[4], 'hash')
+local count = shard_groups(11)
 for g = 0, count - 1 do
-  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_role_type(KEYS[4 + 11 * g + i], rt[1], rt[2]) end
+  for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_type(KEYS[4 + 11 * g + i], rt[2]) end
 end
 if redis.call('SCARD', KEYS[3]) ~= count then fail('CONFLICT', 'the groups changed; retry') end
 for i = 1, count do

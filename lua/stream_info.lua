@@ -4,8 +4,7 @@
 -- KEYS[2] log     stream: the records
 -- KEYS[3] groups  set: names of the groups on this shard (a name whose group hash does not
 --                 exist is left out: a group deleted since, or a name a manager added by hand)
--- KEYS[4] conf    hash: the settings and created (a shard of an earlier version has them
---                 in meta)
+-- KEYS[4] conf    hash: the settings and created
 -- (no ARGV)
 --
 -- Returns: {the settings and offsets as a flat field/value list (fields absent left out),
@@ -22,9 +21,7 @@ expect_type(KEYS[4], 'hash')
 -- (lua/publish.lua), any number of them, which this reply leaves out
 local SETTINGS = {'kind', 'shards', 'shard', 'replication', 'consistency', 'max_len', 'max_age', 'max_payload',
   'name', 'mode', 'spread', 'created'}
-local where = KEYS[4]
-if redis.call('EXISTS', where) == 0 then where = KEYS[1] end
-local got = redis.call('HMGET', where, unpack(SETTINGS))
+local got = redis.call('HMGET', KEYS[4], unpack(SETTINGS))
 local tail = shard_tail(redis.call('HGET', KEYS[1], 'tail'), KEYS[2])
 local meta = {}
 for i, f in ipairs(SETTINGS) do

@@ -20,23 +20,14 @@
 -- Returns: {records trimmed now, first offset kept}.
 -- Errors: FELIX_NOPERM (no stream.publish or stream.admin role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
 -- match, or a key is not the one the shard and the group names imply), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
---- @include "acl"
+--- @include "shard_groups"
 require_stream_role('stream.publish', 'stream.admin')
-local count = int_arg(ARGV[1], 'group count', 0, 100000)
-if #ARGV ~= count + 1 then fail('INVALID', 'group names do not match the count') end
-require_shard_keys(SHARD_KEYS_INFO, true)
-require_group_keys(5, 2, {unpack(ARGV, 2)})
-expect_type(KEYS[1], 'hash')
-expect_type(KEYS[2], 'stream')
-expect_type(KEYS[3], 'set')
-expect_type(KEYS[4], 'hash')
+local count = shard_groups(2)
 for g = 0, count - 1 do
   expect_type(KEYS[5 + 2 * g], 'hash')
   expect_type(KEYS[6 + 2 * g], 'zset')
 end
 local c = redis.call('HMGET', KEYS[4], 'max_len', 'max_age', 'kind', 'mode')
--- (a shard of an earlier version keeps its settings in meta until stream_create moves them)
-if not c[3] then c = redis.call('HMGET', KEYS[1], 'max_len', 'max_age', 'kind', 'mode') end
 if not c[3] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 -- the offsets as the log has them (a publisher may write meta by hand)
 local log_end = log_tail(KEYS[2])

@@ -254,57 +254,6 @@ def test_done_runs_stay_as_few_as_the_holes_between_them(client: felix_redis.Cli
     assert client.group_describe(T, N, S, G).shards[0].position == 400
 
 
-def test_done_set_of_an_older_version_is_taken_over(client: felix_redis.Client) -> None:
-    """Groups written by earlier versions keep the done key as a set of offsets: the
-    next script turns it into runs, and the position walks over it as before."""
-    records = all_delivered(client, 8)
-    done = client.group_keys(T, N, S, G)[0]["done"]
-    assert all(client.group_ack_many(T, N, S, 0, G, [records[i] for i in (3, 4, 5, 7)]))
-    client.redis.delete(done)
-    client.redis.sadd(done, "3", "4", "5", "7")  # as an older version left it (no top run)
-    gk = client.group_keys(T, N, S, G)[0]
-    client.redis.hdel(gk["group"], "top")
-    # a read-only call works with it as it is (and cannot convert it)
-    info = client.group_describe(T, N, S, G).shards[0]
-    assert (info.position, info.in_flight) == (0, 4)
-    assert client.redis.type(done) == b"set"
-    assert client.group_ack(T, N, S, 0, G, records[1]) is True
-    assert client.redis.zrange(done, 0, -1, withscores=True) == [(b"1", 1.0), (b"3", 5.0), (b"7", 7.0)]
-    assert client.group_ack_many(T, N, S, 0, G, [records[0], records[2]]) == [True, True]
-    assert client.group_describe(T, N, S, G).shards[0].position == 6
-    assert finished_runs(client.redis, gk) == [(7, 7)]
-    assert client.group_ack(T, N, S, 0, G, records[3]) is False  # finished already
-    assert client.group_ack(T, N, S, 0, G, records[6]) is True
-    info = client.group_describe(T, N, S, G).shards[0]
-    assert (info.position, info.in_flight, info.lag) == (8, 0, 0)
-
-
-def test_group_and_stream_with_an_older_done_set_can_be_deleted(client: felix_redis.Client) -> None:
-    records = all_delivered(client, 8)
-    done = client.group_keys(T, N, S, G)[0]["done"]
-    assert all(client.group_ack_many(T, N, S, 0, G, records[3:5]))
-    client.redis.delete(done)
-    client.redis.hdel(client.group_keys(T, N, S, G)[0]["group"], "top")
-    client.redis.sadd(done, "3", "4")  # as an older version left it
-    client.group_delete(T, N, S, G)
-    assert not client.redis.exists(done)
-    client.group_create(T, N, S, G)
-    client.redis.sadd(done, "6")
-    client.stream_delete(T, N, S)
-    assert not client.redis.exists(done)
-
-
-def test_older_done_set_with_a_foreign_member_is_refused_unchanged(client: felix_redis.Client) -> None:
-    records = all_delivered(client, 4)
-    done = client.group_keys(T, N, S, G)[0]["done"]
-    client.redis.sadd(done, "2", "x")
-    with pytest.raises(felix_redis.WrongKeyType, match="not an offset"):
-        client.group_ack(T, N, S, 0, G, records[0])
-    with pytest.raises(felix_redis.WrongKeyType, match="not an offset"):
-        client.group_describe(T, N, S, G)
-    assert client.redis.smembers(done) == {b"2", b"x"}
-
-
 def test_a_malformed_top_run_is_refused_unchanged(client: felix_redis.Client) -> None:
     """A ``top`` field that is not ``FIRST-LAST`` (another application wrote it) is
     refused, naming the field, before anything is written."""

@@ -433,8 +433,7 @@ def test_roles_keep_finished_runs_and_walk_the_position(admin: felix_redis.Clien
                                                         raw: redis.Redis) -> None:
     """Every command the finished-record runs use is one the roles grant: acks above a
     held-back record (the top run in the group hash, runs below it in the done key,
-    merging both ways), the position's walk over them, redrives splitting runs, and an
-    older version's done set taken over."""
+    merging both ways), the position's walk over them and redrives splitting runs."""
     consumer = make_user(("group.consume", "acme", "jobs", "workers"))
     manager = make_user(("group.manage", "acme", "jobs", "workers"))
     a = ("acme", "prod", "jobs")
@@ -457,15 +456,3 @@ def test_roles_keep_finished_runs_and_walk_the_position(admin: felix_redis.Clien
     assert consumer.group_ack(*a, 0, "workers", again) is True  # walks over the top run
     assert consumer.group_describe(*a, "workers").shards[0].position == 6
     assert finished_runs(raw, gk) == [] and raw.hget(gk["group"], "top") is None
-    # an older version's done set (and no top run) on shard 1's records
-    recs = consumer.group_poll(*a, 1, "workers", max_records=3)  # offsets 0, 1, 2 of shard 1
-    gk1 = admin.group_keys(*a, "workers")[1]
-    done1 = gk1["done"]
-    assert consumer.group_ack(*a, 1, "workers", recs[2]) is True
-    raw.hdel(gk1["group"], "top")
-    raw.sadd(done1, "2")  # as an older version left it
-    assert consumer.group_ack(*a, 1, "workers", recs[0]) is True
-    assert consumer.group_describe(*a, "workers").shards[1].position == 1
-    assert consumer.group_ack(*a, 1, "workers", recs[1]) is True
-    assert consumer.group_describe(*a, "workers").shards[1].position == 3
-    assert not raw.exists(done1)

@@ -1,5 +1,5 @@
 """Leases: a poll's new records share one lease, which acks, nacks, extends and lapses
-split; the held key tracks the ranges; leases an older version wrote still work."""
+split; the held key tracks the ranges."""
 
 from __future__ import annotations
 
@@ -45,30 +45,3 @@ def test_a_poll_takes_one_lease_that_acks_nacks_and_lapses_split(client: felix_r
     client.group_ack_many(T, N, S, 0, G, range(100))
     assert not raw.exists(lease) and not raw.exists(held)
     assert client.group_describe(T, N, S, G).shards[0].position == 100
-
-
-def test_leases_an_older_version_wrote_still_work(client: felix_redis.Client) -> None:
-    """An older felix-redis kept one lease member per record (and, while leases existed,
-    a member at +inf that is no lease) and no held key: each such member is a lease of
-    one record, and the +inf member is removed by the next script that may write."""
-    client.stream_create(T, N, S)
-    client.group_create(T, N, S, G)
-    client.publish_batch(T, N, S, [b"a", b"b", b"c"])
-    keys = client.group_keys(T, N, S, G)[0]
-    lease, held = keys["lease"], keys["held"]
-    raw = client.redis
-    a, b = client.group_poll(T, N, S, 0, G, max_records=2)
-    raw.delete(lease, held)
-    sentinel = ("~felix-redis: keeps this sorted set a skiplist; not a lease, "
-                "removed with the last lease (docs/keys.md)~")
-    raw.zadd(lease, {"0": 10**13, "1": 10**13, sentinel: float("inf")})  # as an older version left it
-    assert client.group_describe(T, N, S, G).in_flight == 2  # read only: counted as it is
-    assert raw.zscore(lease, sentinel) is not None
-    (c,) = client.group_poll(T, N, S, 0, G, max_records=1)
-    assert raw.zscore(lease, sentinel) is None
-    assert client.group_describe(T, N, S, G).in_flight == 3
-    assert client.group_extend(T, N, S, 0, G, a, by=60) > 10**12  # an older lease found by its claim
-    client.group_nack(T, N, S, 0, G, b, delay=60)
-    assert client.group_describe(T, N, S, G).shards[0].owed == 1
-    assert client.group_ack_many(T, N, S, 0, G, [a.offset, b.offset, c.offset]) == [True, True, True]
-    assert not raw.exists(lease) and not raw.exists(held)

@@ -165,14 +165,14 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("publish", PUBLISH, ["", "", "0", "1000"]),
     ("publish", PUBLISH, ["", SECRET, "0", "1000", b"x"]),  # a producer's sequence starts at 1
     ("publish", PUBLISH, ["", "7x", "1", "1000", b"x"]),
-    ("publish", PUBLISH, ["", "7", "1", "1000", b"x"]),  # a producer id of an earlier version, not a secret
+    ("publish", PUBLISH, ["", "7", "1", "1000", b"x"]),  # a producer id, not a secret
     ("publish", PUBLISH, ["", SECRET[:31], "1", "1000", b"x"]),  # a secret too short
     ("publish", PUBLISH, ["", SECRET * 2 + "0", "1", "1000", b"x"]),  # a secret too long
     ("publish", PUBLISH, ["", SECRET.upper(), "1", "1000", b"x"]),  # not lower-case hex
     ("publish", PUBLISH, ["", "", "x", "1000", b"x"]),
     ("publish", PUBLISH, ["k" * 1025, "", "0", "1000", b"x"]),  # a record key over 1024 bytes
     ("publish", PUBLISH, ["k" * 1025, SECRET, "1", "1000", b"x"]),
-    ("publish", SHARD, ["", "", "0", "1000", b"x"]),  # the conf key missing (the layout of an earlier version)
+    ("publish", SHARD, ["", "", "0", "1000", b"x"]),  # the conf key missing
     ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000", b"x"]),  # a third key not the shard's conf
     ("publish", [*PUBLISH, PUBLISH[0]], ["", "", "0", "1000", b"x"]),  # a fourth key
     ("publish", [PUBLISH[1], PUBLISH[0], PUBLISH[2]], ["", "", "0", "1000", b"x"]),  # keys out of order
@@ -246,8 +246,7 @@ def test_stream_delete_deletes_the_conf_and_the_producer_states_with_the_shard(
 ) -> None:
     """Producer states live in the meta hash and the settings in conf: stream_delete
     takes meta, log, groups, conf and the groups' keys, and leaves nothing of the shard.
-    It takes no other key (an earlier release's producer string keys are not passed any
-    more): a key more is refused and nothing is deleted."""
+    It takes no other key: a key more is refused and nothing is deleted."""
     producer = ready.idempotent_producer()
     producer.publish(T, N, S, b"x", shard=0)
     assert ready.redis.hexists(SHARD[0], f"producer:{producer.id}")

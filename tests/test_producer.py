@@ -257,7 +257,7 @@ def test_state_of_another_format_counts_as_none(client: felix_redis.Client) -> N
     assert (seq, first, count, idle) == ("1", "0", "1", "3600000")
     assert mac == state_mac(pid, f"1 0 1 {ms} 3600000")
     five = "7 0 1 1700000000000 3600000"
-    for state in [five.encode(),  # the MAC missing (the earlier format)
+    for state in [five.encode(),  # the MAC missing
                   f"{five} {state_mac(pid, five)} 9".encode(),  # a field too many
                   f"{five} {state_mac(new_producer_secret(), five)}".encode(),  # another secret's MAC
                   f"{five} {'0' * 16}".encode(),  # a MAC made up
@@ -349,16 +349,14 @@ def test_pruning_takes_bounded_steps_and_keeps_what_is_live(client: felix_redis.
     """Expired states are pruned a step (HSCAN COUNT 64) per publish of a producer new to
     the shard, resuming where the last step stopped: on a small (listpack) hash one step
     sees every field, on a large one a few dozen steps see them all. Live states and
-    values that are no state are kept; an expired state of the earlier, MAC-less format
-    is pruned like the others (it would never answer again)."""
+    values that are no state are kept."""
     client.stream_create(T, N, S)
     meta = meta_key(client)
     now = int(time.time() * 1000)
     expired = {f"producer:{10**6 + i}": f"1 {i} 1 {now - 10_000} 5000 {'0' * 16}" for i in range(planted)}
     live = {f"producer:{2 * 10**6 + i}": f"1 {i} 1 {now - 10_000} 3600000 {'0' * 16}" for i in range(5)}
-    # an expired state of the earlier (MAC-less) format goes too; junk stays
-    expired["producer:old"] = f"1 0 1 {now - 10_000} 5000"
-    odd = {"producer:junk": "junk"}
+    # junk stays, a MAC-less five numbers too
+    odd = {"producer:junk": "junk", "producer:old": f"1 0 1 {now - 10_000} 5000"}
     client.redis.hset(meta, mapping={**expired, **live, **odd})
     steps = 0
     while len(producer_fields(client)) > len(live) + len(odd) + steps and steps < 200:

@@ -65,9 +65,8 @@ def test_plain_names_keep_plain_tags() -> None:
 
 @pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 def test_a_stream_made_with_plain_tags_keeps_them(redis_url: str, raw: redis.Redis) -> None:
-    """A stream whose shard 0 records no spread (made before spreading, with its settings
-    in meta as versions before the conf hash kept them) is addressed by its plain tags:
-    create again (which moves the settings to conf), publish, poll, ack, describe, delete."""
+    """A stream whose shard 0 records no spread (made before spreading) is addressed by
+    its plain tags: create again, publish, poll, ack, describe, delete."""
     raw.flushdb()
     c = felix_redis.connect(redis_url)
     try:
@@ -77,15 +76,11 @@ def test_a_stream_made_with_plain_tags_keeps_them(redis_url: str, raw: redis.Red
             meta, _log, conf = plain.publish_keys(shard)
             c._eval(felix_redis.protocol.Eval("stream_create", plain.publish_keys(shard),
                                               [*args[:2], str(shard), *args[3:]], "raw"))
-            # as an older version wrote it: the settings in meta (and no spread), no conf
-            settings = raw.hgetall(conf)
-            del settings[b"spread"]
-            raw.hset(meta, mapping=settings)
-            raw.delete(conf)
+            raw.hdel(conf, "spread")  # made before spreading: no spread
         raw.zadd(f"felix:streams:{T}", {plain.path: 0})
         raw.sadd("felix:tenants", T)
         assert c.stream_create(T, N, "old", shards=4) is False
-        for shard in range(4):  # the settings moved to conf, out of publishers' reach
+        for shard in range(4):  # the settings in conf, out of publishers' reach
             meta, _log, conf = plain.publish_keys(shard)
             assert set(raw.hkeys(meta)) == {b"tail", b"first"}
             assert raw.hget(conf, "kind") == b"queue" and raw.hget(conf, "shard") == str(shard).encode()

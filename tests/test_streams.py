@@ -116,28 +116,6 @@ def test_list_filters_by_tenant_and_namespace(client: Client) -> None:
     assert client.stream_list("nobody") == []
 
 
-def test_a_shard_of_the_earlier_layout_publishes_and_is_moved_by_create(client: Client) -> None:
-    """A shard made before the settings had their own hash (conf) kept them in meta: it
-    still publishes, polls, describes and trims with them, and stream_create with the
-    same settings moves them to conf (out of publishers' reach), leaving tail and first."""
-    client.stream_create(T, N, S, retention_max_len=3)
-    client.group_create(T, N, S, "g")
-    conf = "felix:{acme/prod/jobs/0}:conf"
-    settings = client.redis.hgetall(conf)
-    client.redis.hset(META0, mapping=settings)
-    client.redis.delete(conf)
-    client.core.forget(client.core.name(T, N, S))
-    for i in range(3):
-        assert client.publish(T, N, S, b"old%d" % i).offset == i
-    assert client.stream_describe(T, N, S).retention_max_len == 3
-    assert [r.payload for r in client.group_poll(T, N, S, 0, "g", max_records=5)] == [b"old0", b"old1", b"old2"]
-    assert client.stream_create(T, N, S, retention_max_len=3) is False
-    assert client.redis.hgetall(conf) == settings
-    assert set(client.redis.hgetall(META0)) == {b"tail", b"first"} | {
-        f for f in client.redis.hgetall(META0) if f.startswith(b"producer")}
-    assert client.publish(T, N, S, b"new").offset == 3
-
-
 # ----------------------------------------------------------------------------- delete
 
 

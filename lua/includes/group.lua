@@ -23,7 +23,6 @@ local function group_keys()
       done = false, redo = false, dead = false, owner = false, byowner = false, wake = false,
       held = false,
     },
-    sizes = {lease = 0, held = 0},
   }
 end
 
@@ -34,9 +33,8 @@ end
 -- have (attempts: redeliveries, redo: redrives, owner/byowner: named consumers) are
 -- answered for together by one EXISTS, and checked one by one only when some exist. The
 -- meta and group hashes are checked by load_group's reads (typed_call).
-local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', set = 'SCARD', stream = 'XLEN'}
+local SIZE_OF = {hash = 'HLEN', zset = 'ZCARD', stream = 'XLEN'}
 local RARE_ROLES = {'attempts', 'redo', 'owner', 'byowner'}
--- done last: a done set of an older version is converted once every other key passed
 local OTHER_ROLES = {'log', 'lease', 'held', 'owed', 'dead', 'wake', 'done'}
 local ROLE_TYPE = {}
 for _, kt in ipairs(GROUP_KEY_TYPES) do ROLE_TYPE[kt[1]] = kt[2] end
@@ -49,7 +47,6 @@ local function check_type(K, role)
     error(n, 0)
   end
   K.types[role] = n > 0 and want or 'none'
-  if role == 'lease' or role == 'held' then K.sizes[role] = n end
 end
 
 -- Calls fn(first, last) for each stretch of consecutive offsets in the ascending list
@@ -64,56 +61,13 @@ local function each_stretch(offs, fn)
   end
 end
 
--- Earlier versions kept the done key as a set of single offsets: turned into runs
--- (the same records, so nothing changes in meaning) the first time a script that may
--- write meets it; returns false in a read-only script (which never reads the key).
-local function convert_done_set(K)
-  local members = redis.call('SMEMBERS', K.done)
-  local offs = {}
-  for i, m in ipairs(members) do
-    offs[i] = tonumber(m)
-    if not offs[i] or not s_match(m, '^%d+$') then
-      fail('WRONGTYPE', 'key ' .. K.done .. ' holds a set with ' .. s_sub(m, 1, 40)
-        .. ', not an offset; another application wrote it')
-    end
-  end
-  table.sort(offs)
-  if type(redis.pcall('DEL', K.done)) == 'table' then return false end
-  each_stretch(offs, function(first, last) redis.call('ZADD', K.done, fmt(last), fmt(first)) end)
-  return true
-end
-
--- The member earlier versions kept in the lease key while it held leases (score +inf):
--- no lease.
-local LEASE_SENTINEL = '~felix-redis: keeps this sorted set a skiplist; not a lease, '
-  .. 'removed with the last lease (docs/keys.md)~'
-
 local function check_types(K)
   if redis.call('EXISTS', K.attempts, K.redo, K.owner, K.byowner) == 0 then
     for _, role in ipairs(RARE_ROLES) do K.types[role] = 'none' end
   else
     for _, role in ipairs(RARE_ROLES) do check_type(K, role) end
   end
-  for i = 1, #OTHER_ROLES - 1 do check_type(K, OTHER_ROLES[i]) end
-  if K.sizes.lease > K.sizes.held and redis.pcall('ZREM', K.lease, LEASE_SENTINEL) == 1 then
-    -- an earlier version's leases, with the member that is no lease (removed where the
-    -- script may write)
-    K.sizes.lease = K.sizes.lease - 1
-    if K.sizes.lease == 0 then K.types.lease = 'none' end
-  end
-  local n = redis.pcall('ZCARD', K.done)
-  if type(n) == 'table' then
-    if redis.call('TYPE', K.done)['ok'] ~= 'set' then
-      expect_type(K.done, 'zset')
-      error(n, 0)
-    end
-    if not convert_done_set(K) then
-      K.types.done = 'set'
-      return
-    end
-    n = redis.call('ZCARD', K.done)
-  end
-  K.types.done = n > 0 and 'zset' or 'none'
+  for _, role in ipairs(OTHER_ROLES) do check_type(K, role) end
 end
 
 -- redis.call(cmd, key, members...) in chunks (Lua's unpack has a limit); returns the
@@ -167,15 +121,10 @@ end
 -- members however many records it covers; a redelivered record takes one of its own. A
 -- record leaves its lease (ack, nack, dead letter, extend, lapse) by splitting it: the
 -- rest keeps the expiry. Ranges never overlap, and every record in one is in flight.
--- Earlier versions kept one lease member per record and no held key: such a member (in
--- the lease key, not in the held key) is a lease of that one record, and the member
--- below, which they kept while leases existed, is no lease and is removed.
 
 -- The first lease as {FIRST, expiry} of a ZRANGE WITHSCORES, or {} when none.
 local function first_lease(K)
-  local l = redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES')
-  if l[1] == LEASE_SENTINEL then return {} end
-  return l
+  return redis.call('ZRANGE', K.lease, '0', '0', 'WITHSCORES')
 end
 
 -- The lease holding delivered record off: its range's first and last offsets, or nil
@@ -190,8 +139,6 @@ local function lease_holding(K, off)
       if first <= off then return first, tonumber(r[2]) end
     end
   end
-  -- an earlier version's lease of one record
-  if K.sizes.lease > K.sizes.held and redis.call('ZSCORE', K.lease, m) then return off, off end
   return nil
 end
 
@@ -207,7 +154,6 @@ local function add_leases(K, firsts, lasts, expiry)
   call_many('ZADD', K.lease, l)
   call_many('ZADD', K.held, h)
   K.types.lease, K.types.held = 'zset', 'zset'
-  K.sizes.lease, K.sizes.held = K.sizes.lease + n, K.sizes.held + n
 end
 
 -- Takes the delivered records offs (ascending, no repeats) out of their leases; the rest
@@ -253,8 +199,8 @@ local function unlease(K, offs, known)
     end
   end
   if #gone > 0 then
-    K.sizes.lease = K.sizes.lease - call_many('ZREM', K.lease, gone)
-    if K.types.held ~= 'none' then K.sizes.held = K.sizes.held - call_many('ZREM', K.held, gone) end
+    call_many('ZREM', K.lease, gone)
+    if K.types.held ~= 'none' then call_many('ZREM', K.held, gone) end
   end
   for _, p in ipairs(pieces) do add_leases(K, {fmt(p[1])}, {fmt(p[2])}, p[3]) end
   return count, taken
@@ -634,6 +580,46 @@ end
 local function dead_letter(K, S, off, attempts, reason, now)
   redis.call('HSET', K.dead, fmt(off), fmt(attempts) .. '|' .. fmt(now) .. '|' .. reason)
   finish(K, S, off)
+end
+
+-- Dead letters read per call of a redrive or discard of them all (an HSCAN COUNT).
+local DEAD_SCAN = 1000
+
+-- True when the log holds record m (a member string): retention has not trimmed it.
+local function in_log(K, m)
+  return #redis.call('XRANGE', K.log, m, m, 'COUNT', 1) > 0
+end
+
+-- The dead letters a redrive or discard (verb) acts on, as members, and the next HSCAN
+-- cursor ('0' when done), by ARGV[1] mode: 'list', the offsets ARGV[3..], each checked
+-- to be a dead letter (and, with logged, to be in the log) before anything is written;
+-- 'all', the next chunk of them from cursor ARGV[2] (with logged, those in the log).
+local function dead_targets(K, verb, logged)
+  local mode, targets, cursor = ARGV[1], {}, '0'
+  if mode == 'list' then
+    if #ARGV < 3 or #ARGV > 10002 then fail('INVALID', verb .. ' takes 1 to 10000 offsets') end
+    for i = 3, #ARGV do
+      local m = fmt(int_arg(ARGV[i], 'offset', 0, 2 ^ 52))
+      if redis.call('HEXISTS', K.dead, m) == 0 then
+        fail('NOT_FOUND', 'record ' .. m .. ' is not a dead letter of this group')
+      end
+      if logged and not in_log(K, m) then
+        fail('NOT_FOUND', 'record ' .. m .. ' was trimmed from the log; discard it instead')
+      end
+      targets[#targets + 1] = m
+    end
+  elseif mode == 'all' then
+    local scan = redis.call('HSCAN', K.dead, ARGV[2], 'COUNT', DEAD_SCAN)
+    cursor = scan[1]
+    for i = 1, #scan[2], 2 do
+      local m = scan[2][i]
+      -- trimmed records cannot be redelivered: they stay dead letters
+      if not logged or in_log(K, m) then targets[#targets + 1] = m end
+    end
+  else
+    fail('INVALID', "mode must be 'all' or 'list'")
+  end
+  return targets, cursor
 end
 
 -- Records in [a, b] that retention trimmed before they were delivered: counted, finished.
