@@ -5,22 +5,20 @@
 -- Scripts never block: the reply says when the next owed record or lease falls due and
 -- where to block (log tail, wake sequence) so no wake-up is missed.
 --
--- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
--- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
--- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
---                    (FIRST-LAST: the highest finished run above pos), created
--- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
---                    records (KEYS[13]), score = its expiry (ms)
--- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
--- KEYS[6] attempts   hash: offset -> deliveries so far, for unfinished delivered records
--- KEYS[7] done       zset: runs of finished offsets above the position (below top),
---                    member FIRST scored LAST
--- KEYS[8] redo       zset: redriven offsets below the position, score = offset
--- KEYS[9] dead       hash: offset -> "ATTEMPTS|MS|REASON" dead-letter pointers
--- KEYS[10] owner     hash: offset -> consumer name holding the lease (named consumers)
--- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
--- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
--- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
+-- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] group
+-- KEYS[4] lease
+-- KEYS[5] owed
+-- KEYS[6] attempts
+-- KEYS[7] done
+-- KEYS[8] redo
+-- KEYS[9] dead
+-- KEYS[10] owner
+-- KEYS[11] byowner
+-- KEYS[12] wake
+-- KEYS[13] held
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once

@@ -3,7 +3,7 @@
 -- reply by the loader's epilogue, so they work the same on Redis and on fakeredis.
 
 -- The string functions the hot paths call, as locals: an upvalue is read faster than
--- the global string table's field (about a third of a short call's cost).
+-- the global string table's field.
 local s_find, s_sub, s_byte, s_format, s_match = string.find, string.sub, string.byte, string.format, string.match
 
 local function fail(code, message)
