@@ -23,8 +23,8 @@ def replicas_needed(replication: int, consistency: str) -> int:
 @dataclass
 class StreamSettings:
     """What a client caches about a stream: read again once older than
-    :attr:`Caches.settings_ttl_s` (a stream's settings can change: ``stream_create``
-    of an earlier shard layout, retention)."""
+    :attr:`Caches.settings_ttl_s` (a stream deleted and created again may have other
+    settings)."""
 
     shards: int
     replication: int

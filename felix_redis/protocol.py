@@ -30,7 +30,6 @@ from felix_redis.checks import (
 )
 from felix_redis.errors import (
     Conflict,
-    ConnectionFailed,
     FelixError,
     GroupExists,
     InvalidArgument,
@@ -69,6 +68,7 @@ from felix_redis.plans import (
 from felix_redis.producers import ProducerPool, ProducerState, after_failed_send, new_producer_secret
 from felix_redis.replies import as_text, flat_dict, parse_delivered, parse_records, stream_tails
 from felix_redis.retention import Retention
+from felix_redis.sharded import ShardedPoll
 
 __all__ = [
     # the plans' vocabulary, for the drivers (felix_redis.plans and friends hold them)
@@ -758,8 +758,7 @@ class Core:
             count = int(reply[4])
             if count or wait_ms <= 0:
                 return parse_delivered(reply, 5, count, shard)
-            del args[3:]  # the acks went with the first call
-            args[2] = 0  # reclaim once
+            args = [*args[:2], 0]  # the acks went with the first call; reclaim once
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return []
@@ -784,8 +783,9 @@ class Core:
         only: Sequence[int] | None = None,
         ack: dict[int, list[Any]] | None = None,
     ) -> Plan[tuple[list[Record], int]]:
-        """Polls every shard fairly: a quota per shard first (starting from a rotating
-        shard), then what is left from shards that had more. Returns (records, cursor).
+        """Polls every shard (or ``only`` these) fairly (:class:`ShardedPoll`): a quota
+        per shard first (starting from a rotating shard), then what is left from shards
+        that had more. Returns (records, cursor).
         ``ack``: records to ack first, by shard; each shard's ride on its first poll of
         this call, those of shards not polled in the first pass go in the same round trip.
         When a call that carried acks fails, the poll raises (ack those records again)."""
@@ -801,95 +801,13 @@ class Core:
             self.shard_of(name, settings, s) for s in dict.fromkeys(only)]
         if not chosen:
             raise InvalidArgument("a sharded group needs at least one shard")
-        shards = len(chosen)
-        context = f"group {group} on stream {name.path}"
         acks: dict[int, list[int]] = {}
         for shard, refs in (ack or {}).items():
             checked = self.shard_of(name, settings, shard)
             acks[checked] = ack_offsets(refs, checked)
-        deadline = time.monotonic() + wait_ms / 1000
-        quota = max(1, max_records // shards)
-        while True:
-            order = [chosen[(cursor + i) % shards] for i in range(shards)]
-            cursor = (cursor + 1) % shards
-            out: list[Record] = []
-            more: list[int] = []
-            points: dict[str, str] = {}
-            block_ms = -1
-
-            def call(shard: int, want: int) -> Eval:
-                first = reclaim and consumer is not None and shard not in reclaimed
-                if first:
-                    reclaimed.add(shard)
-                keys, shard_context = self.cache.group_shard_keys(name, shard, group)
-                args: list[Any] = [want, consumer or "", 1 if first else 0]
-                if shard in acks:
-                    args += acks.pop(shard)
-                return Eval("group_poll", keys, args, shard_context, settings.replicas)
-
-            def ack_call(shard: int, offsets: list[int]) -> Eval:
-                keys, shard_context = self.cache.group_shard_keys(name, shard, group)
-                return Eval("group_ack", keys, offsets, shard_context, settings.replicas)
-
-            def take(
-                shard: int, want: int, reply: list[Any], out: list[Record] = out, points: dict[str, str] = points
-            ) -> bool:
-                """Adds the reply's records; True when the shard may have more."""
-                nonlocal block_ms
-                count = int(reply[4])
-                out.extend(parse_delivered(reply, 5, count, shard))
-                points.update(wake_points(self.cache.group_shard_keys(name, shard, group)[0], reply))
-                due = int(reply[1])
-                if due >= 0:
-                    until = max(1, due - int(reply[0]) + 1)
-                    block_ms = until if block_ms < 0 else min(block_ms, until)
-                return count == want
-
-            # pass 1: a quota from each shard, all of them in one round trip
-            first_pass = order[: min(shards, max_records)]
-            calls = [call(shard, quota) for shard in first_pass]
-            carried = [len(c.args) > 3 for c in calls]
-            # acks of shards this pass does not poll
-            calls += [ack_call(shard, offsets) for shard, offsets in acks.items()]
-            carried += [True] * len(acks)
-            acks.clear()
-            replies = yield Batch(calls)
-            failure: FelixError | None = None
-            ack_failure: FelixError | None = None
-            for i, reply in enumerate(replies):
-                if isinstance(reply, (ConnectionFailed, NotReplicated)):
-                    failure = failure or reply
-                    if carried[i]:
-                        ack_failure = ack_failure or reply
-                elif isinstance(reply, FelixError):
-                    raise reply
-                elif i < len(first_pass) and take(first_pass[i], quota, reply):
-                    more.append(first_pass[i])
-            if ack_failure is not None:
-                raise ack_failure
-            if failure is not None:
-                if out:
-                    return out, cursor  # hand out what other shards leased rather than let it lapse
-                raise failure
-            # pass 2: what is left, one shard at a time: shards pass 1 left out (when there
-            # are more shards than records wanted), then those that had more
-            for shard in order[len(first_pass):] + more:
-                want = max_records - len(out)
-                if want <= 0:
-                    break
-                try:
-                    take(shard, want, (yield call(shard, want)))
-                except (ConnectionFailed, NotReplicated):
-                    if out:
-                        return out, cursor
-                    raise
-            if out or wait_ms <= 0:
-                return out, cursor
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                return [], cursor
-            block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
-            yield BlockAny(list(points.items()), block_ms, context)
+        poll = ShardedPoll(self.cache, name, settings, group, chosen, max_records, wait_ms, consumer, reclaim,
+                           reclaimed, acks)
+        return (yield from poll.run(cursor))
 
     def ack_sharded(
         self, tenant: str, namespace: str, stream: str, group: str, by_shard: dict[int, list[Any]]

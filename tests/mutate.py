@@ -254,6 +254,10 @@ MUTATIONS: list[Mutation] = [
              "        producer.sequences[slot] = op.args[2]\n", "",
              "tests/test_producer.py -k 'redis and dense'",
              "a producer's quick publish does not move its sequence on: the next is taken for a re-send"),
+    mutation("M39", "ack", "felix_redis/sharded.py",
+             "        if ack_failure is not None:\n            raise ack_failure\n", "",
+             "tests/test_plans.py",
+             "a sharded poll whose call carrying acks was lost hands out records without saying the acks may be lost"),
     # ---- security (issue 19): what the scripts check beyond ACL
     mutation("S1", "security", "lua/includes/acl.lua",
              "      if KEYS[at + j - 1] ~= want then", "      if false then",

@@ -1,0 +1,354 @@
+"""Plans stepped by hand: canned replies in, the ops they yield out, no Redis (h11's way).
+
+A plan (felix_redis.protocol) yields ops and gets their replies; these tests play the
+driver, so every branch a server can only reach by a fault (a shard's call lost while
+another's records were leased, an ack that may not have been applied, a producer whose
+sequences a failover lost) is stepped exactly, with nothing but Python running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+
+from felix_redis.errors import ConnectionFailed, FelixError, NotFound, NotReplicated, SequenceError
+from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
+from felix_redis.models import Published, Record
+from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Sleep
+from felix_redis.producers import ProducerState
+from felix_redis.protocol import Core
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+Answer = Callable[[Any], Any]
+
+
+def drive(plan: Generator[Any, Any, Any], answer: Answer) -> tuple[Any, list[Any]]:
+    """Runs ``plan`` as a driver would, ``answer(op)`` giving each op's reply (an
+    exception it returns is thrown into the plan, as a driver throws a FelixError; in a
+    Batch's reply list it stays a value). Returns (result, the ops yielded)."""
+    ops: list[Any] = []
+    try:
+        op = next(plan)
+    except StopIteration as stop:
+        return stop.value, ops
+    while True:
+        ops.append(op)
+        reply = answer(op)
+        try:
+            op = plan.throw(reply) if isinstance(reply, BaseException) else plan.send(reply)
+        except StopIteration as stop:
+            return stop.value, ops
+
+
+def info(shards: int, max_len: int = 0) -> list[Any]:
+    """A stream_info reply: shard 0's settings, no groups."""
+    meta = {"shards": shards, "replication": 1, "consistency": "leader", "max_payload": 1024, "max_len": max_len,
+            "max_age": 0, "spread": 0, "tail": 0, "first": 0, "kind": "queue", "created": 1}
+    return [[x for k, v in meta.items() for x in (k.encode(), str(v).encode())], []]
+
+
+def polled(offsets: list[int], *, due: int = -1, now: int = 1000, tail: int = 50,
+           wake: int = 3) -> list[Any]:
+    """A group_poll reply handing out ``offsets`` (attempts 1): [now, due, tail, wake
+    sequence, count, (ID, attempts, key, payload)*]."""
+    reply: list[Any] = [now, due, tail, wake, len(offsets)]
+    for off in offsets:
+        reply += [b"%d-%d" % (off, now), 1, None, b"p%d" % off]
+    return reply
+
+
+def shard_of(op: Eval) -> int:
+    """The shard an Eval is for, from its context ('... shard N')."""
+    return int(op.context.rsplit(" ", 1)[1])
+
+
+def answering(**by_script: Callable[[Eval], Any]) -> Answer:
+    """An answer that reads settings for a stream of the shards given in
+    ``stream_info`` and answers each script (and each call of a Batch) by name."""
+    def answer(op: Any) -> Any:
+        if type(op) is Batch:
+            return [answer(e) for e in op.ops]
+        if type(op) is Eval:
+            return by_script[op.script](op)
+        if type(op) is BlockAny:
+            return None
+        raise AssertionError(f"unexpected op {op!r}")
+    return answer
+
+
+def core_with(shards: int) -> Core:
+    """A Core whose settings cache already holds a stream of ``shards`` shards."""
+    core = Core()
+    _result, ops = drive(core.settings(core.name(T, N, S)), lambda op: info(shards))
+    assert [op.script for op in ops] == ["stream_info"]
+    return core
+
+
+# ---------------------------------------------------------------------- settings and keys
+
+
+def test_settings_are_read_once_then_cached() -> None:
+    core = Core()
+    settings, ops = drive(core.settings(core.name(T, N, S)), lambda op: info(3, max_len=7))
+    assert (settings.shards, settings.max_len, settings.max_payload, settings.replicas) == (3, 7, 1024, 0)
+    assert len(ops) == 1
+    again, ops = drive(core.group_op(T, N, S, 2, G), lambda op: pytest.fail("no call while the settings are fresh"))
+    _name, cached, shard, keys, context = again
+    assert cached is settings and shard == 2 and context.endswith("shard 2")
+    assert len(keys) == len(SHARD_ROLES) + len(GROUP_ROLES)
+
+
+def test_a_shard_the_stream_lacks_is_refused_before_any_call() -> None:
+    core = core_with(2)
+    with pytest.raises(NotFound, match="shard 5 does not exist"):
+        drive(core.group_op(T, N, S, 5, G), lambda op: pytest.fail("nothing is sent"))
+
+
+# ---------------------------------------------------------------------- group_poll
+
+
+def test_long_poll_blocks_on_the_log_and_wake_stream_until_the_first_due_time() -> None:
+    core = core_with(1)
+    replies = iter([polled([], due=1250, now=1000, tail=41, wake=9), polled([41])])
+
+    def answer(op: Any) -> Any:
+        return None if type(op) is BlockAny else next(replies)
+
+    records, ops = drive(core.group_poll(T, N, S, 0, G, 4, wait=5.0, ack=[3, 4]), answer)
+    first, block, second = ops
+    assert first.args == [4, "", 0, 3, 4]  # the acks ride on the first call only
+    assert second.args == [4, "", 0]
+    keys = first.keys
+    assert block.streams == [(keys[SHARD_ROLES.index("log")], "41-0"),
+                             (keys[len(SHARD_ROLES) + GROUP_ROLES.index("wake")], "9-1")]
+    assert block.block_ms == 251  # until the record falls due, not the whole wait
+    assert [r.offset for r in records] == [41]
+
+
+def test_poll_without_wait_returns_at_once() -> None:
+    core = core_with(1)
+    records, ops = drive(core.group_poll(T, N, S, 0, G, 4), lambda op: polled([]))
+    assert records == [] and len(ops) == 1
+
+
+# ---------------------------------------------------------------------- sharded_poll
+
+
+def sharded(core: Core, *, max_records: int = 4, wait: float | None = None, ack: dict[int, list[Any]] | None = None,
+            cursor: int = 0, consumer: str | None = None) -> Generator[Any, Any, tuple[list[Record], int]]:
+    return core.sharded_poll(T, N, S, G, max_records, wait, consumer, set(), cursor, ack=ack)
+
+
+def test_first_pass_asks_every_shard_for_a_quota_in_one_round_trip_then_fills_up() -> None:
+    core = core_with(2)
+    offsets = {0: iter([[10, 11], [12, 13]]), 1: iter([[20]])}
+    def poll(op: Eval) -> Any:
+        return polled(next(offsets[shard_of(op)])[: op.args[0]])
+
+    (records, cursor), ops = drive(sharded(core), answering(group_poll=poll))
+    batch, fill = ops
+    assert type(batch) is Batch and [(shard_of(e), e.args[0]) for e in batch.ops] == [(0, 2), (1, 2)]
+    assert type(fill) is Eval and (shard_of(fill), fill.args[0]) == (0, 1)  # shard 0 had more: one more wanted
+    assert [(r.shard, r.offset) for r in records] == [(0, 10), (0, 11), (1, 20), (0, 12)]
+    assert cursor == 1  # the next poll starts at shard 1
+
+
+def test_the_first_shard_rotates() -> None:
+    core = core_with(3)
+    _result, ops = drive(sharded(core, max_records=3, cursor=2), answering(group_poll=lambda op: polled([])))
+    assert [shard_of(e) for e in ops[0].ops] == [2, 0, 1]
+
+
+def test_a_lost_shard_call_hands_out_what_the_other_shards_leased() -> None:
+    core = core_with(2)
+
+    def poll(op: Eval) -> Any:
+        return ConnectionFailed("lost") if shard_of(op) == 1 else polled([10])
+
+    (records, _cursor), ops = drive(sharded(core), answering(group_poll=poll))
+    assert [(r.shard, r.offset) for r in records] == [(0, 10)]
+    assert len(ops) == 1  # no second pass after a failure
+
+
+@pytest.mark.parametrize("lost", [ConnectionFailed("lost"), NotReplicated("one of two replicas")])
+def test_a_lost_shard_call_with_nothing_handed_out_raises(lost: FelixError) -> None:
+    core = core_with(2)
+
+    def poll(op: Eval) -> Any:
+        return lost if shard_of(op) == 0 else polled([])
+
+    with pytest.raises(type(lost)):
+        drive(sharded(core), answering(group_poll=poll))
+
+
+def test_a_lost_call_that_carried_acks_raises_even_with_records() -> None:
+    """The acks may not have been applied: the caller must learn it and ack again."""
+    core = core_with(2)
+
+    def poll(op: Eval) -> Any:
+        return ConnectionFailed("lost") if shard_of(op) == 1 else polled([10])
+
+    with pytest.raises(ConnectionFailed):
+        drive(sharded(core, ack={1: [7]}), answering(group_poll=poll))
+
+
+def test_acks_of_shards_the_first_pass_does_not_poll_go_in_its_round_trip() -> None:
+    core = core_with(4)
+    acked: list[Any] = []
+
+    def ack(op: Eval) -> Any:
+        acked.append((shard_of(op), op.args))
+        return ConnectionFailed("lost")
+
+    with pytest.raises(ConnectionFailed):  # a lost ack raises, whatever was handed out
+        drive(sharded(core, max_records=2, ack={3: [5, 6]}),
+              answering(group_poll=lambda op: polled([op.args[0]] * op.args[0]), group_ack=ack))
+    assert acked == [(3, [5, 6])]
+
+
+def test_any_other_error_of_a_shard_raises() -> None:
+    core = core_with(2)
+
+    def poll(op: Eval) -> Any:
+        return NotFound("group gone") if shard_of(op) == 1 else polled([10])
+
+    with pytest.raises(NotFound):
+        drive(sharded(core), answering(group_poll=poll))
+
+
+def test_a_lost_call_in_the_second_pass_ends_it_with_what_was_handed_out() -> None:
+    core = core_with(2)
+    calls = {0: 0}
+
+    def poll(op: Eval) -> Any:
+        if shard_of(op) == 1:
+            return polled([])
+        calls[0] += 1
+        if calls[0] == 1:
+            return polled([10, 11])
+        raise ConnectionFailed("lost")  # the second pass's own call: a driver raises it
+
+    def answer(op: Any) -> Any:
+        if type(op) is Batch:
+            return [poll(e) for e in op.ops]
+        try:
+            return poll(op)
+        except ConnectionFailed as exc:
+            return exc
+
+    (records, _cursor), ops = drive(sharded(core), answer)
+    assert [r.offset for r in records] == [10, 11] and len(ops) == 2
+
+
+def test_a_lost_call_in_the_second_pass_with_nothing_handed_out_raises() -> None:
+    core = core_with(3)
+
+    def answer(op: Any) -> Any:
+        if type(op) is Batch:
+            return [polled([]) for _ in op.ops]
+        return ConnectionFailed("lost")
+
+    # 3 shards, 2 records wanted: pass 1 polls shards 0 and 1, pass 2 shard 2
+    with pytest.raises(ConnectionFailed):
+        drive(sharded(core, max_records=2), answer)
+
+
+def test_an_empty_long_poll_blocks_once_on_every_shard_until_the_first_due_time() -> None:
+    core = core_with(2)
+    rounds = iter([{0: polled([], due=1400, now=1000, tail=5, wake=1), 1: polled([], due=1100, now=1000, tail=8,
+                                                                                  wake=2)},
+                   {0: polled([5]), 1: polled([])}])
+    current: dict[int, Any] = {}
+
+    def answer(op: Any) -> Any:
+        if type(op) is Batch:
+            current.update(next(rounds))
+            return [current[shard_of(e)] for e in op.ops]
+        if type(op) is BlockAny:
+            return None
+        return polled([])
+
+    (records, _cursor), ops = drive(sharded(core, wait=10.0), answer)
+    block = next(op for op in ops if type(op) is BlockAny)
+    assert block.block_ms == 101  # shard 1's record falls due first
+    assert sorted(last for _key, last in block.streams) == ["1-1", "2-1", "5-0", "8-0"]
+    assert [r.offset for r in records] == [5]
+
+
+# ---------------------------------------------------------------------- publishing
+
+
+def test_a_lost_idempotent_publish_is_sent_again_with_the_same_sequence() -> None:
+    core = core_with(1)
+    producer = ProducerState("s" * 32)
+    sends: list[Eval] = []
+
+    def answer(op: Any) -> Any:
+        if type(op) is Sleep:
+            return None
+        sends.append(op)
+        return ConnectionFailed("lost") if len(sends) == 1 else [7, 1, 0, 0, None]
+
+    published, ops = drive(core.publish_one(T, N, S, b"x", None, None, producer), answer)
+    assert published == Published(0, 7)
+    assert [type(op) for op in ops] == [Eval, Sleep, Eval]
+    assert sends[0].args == sends[1].args and sends[0].args[2] == 1
+    assert producer.sequences == {(core.name(T, N, S).path, 0): 1}
+
+
+def test_a_borrowed_producer_the_shard_forgot_starts_over_once() -> None:
+    core = core_with(1)
+    sends: list[list[Any]] = []
+
+    def answer(op: Any) -> Any:
+        sends.append(list(op.args))
+        return SequenceError("gap") if len(sends) == 1 else [3, 1, 0, 0, None]
+
+    pooled = core.producers.acquire()
+    pooled.sequences[(core.name(T, N, S).path, 0)] = 41  # sequences a failover lost
+    core.producers.release(pooled)
+    published, _ops = drive(core.publish_single(T, N, S, b"x", None, None), answer)
+    assert published == Published(0, 3)
+    (secret1, seq1), (secret2, seq2) = [(a[1], a[2]) for a in sends]
+    assert (seq1, seq2) == (42, 1) and secret1 != secret2  # a new producer, from sequence 1
+
+
+def test_a_second_sequence_error_is_raised() -> None:
+    core = core_with(1)
+    with pytest.raises(SequenceError):
+        drive(core.publish_single(T, N, S, b"x", None, None), lambda op: SequenceError("gap"))
+
+
+def test_a_publish_without_producer_state_is_sent_once() -> None:
+    core = Core(idempotent_publish=False)
+    drive(core.settings(core.name(T, N, S)), lambda op: info(1))
+    published, ops = drive(core.publish_single(T, N, S, b"x", None, None), lambda op: [9, 1, 0, 0, None])
+    assert published == Published(0, 9) and ops[0].args[1] == b""
+
+
+# ---------------------------------------------------------------------- retention
+
+
+def test_a_publish_past_the_slack_trims_its_shard() -> None:
+    core = core_with(1)
+    name = core.name(T, N, S)
+    settings = core.cache.fresh_settings(name.path)
+    assert settings is not None
+    settings.max_len = 100
+
+    def answer(op: Any) -> Any:
+        if type(op) is Cmd:
+            return [b"workers"]
+        return [5]
+
+    # 100 kept + 10 % slack: 110 records are still within it
+    _none, ops = drive(core.retention.maybe_trim(name, settings, 0, [100, 10, 0, 0, b"0"]), answer)
+    assert ops == []
+    _none, ops = drive(core.retention.maybe_trim(name, settings, 0, [101, 10, 0, 0, b"0"]), answer)
+    smembers, trim = ops
+    assert smembers.args[0] == "SMEMBERS" and trim.script == "stream_trim" and trim.args == [1, "workers"]
+    # the group's hash and redo set, by role
+    group_keys = name.group_keys(0, "workers")
+    assert trim.keys[-2:] == [group_keys[GROUP_ROLES.index("group")], group_keys[GROUP_ROLES.index("redo")]]
