@@ -31,6 +31,10 @@ SENTINEL_SOCKET_TIMEOUT_S = 1.0
 
 DEFAULT_VISIBILITY_TIMEOUT_MS = 30_000
 DEFAULT_MAX_ATTEMPTS = 5
+#: How long one worker poll waits for records (it bounds how soon a worker sees a stop).
+DEFAULT_POLL_WAIT_S = 1.0
+#: How long a stopped worker's running handlers may finish before their records are handed back.
+DEFAULT_GRACE_S = 30.0
 #: Largest payload a stream accepts unless created with another ``max_payload``.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: How long a shard remembers an idle producer's last sequence (one hour).

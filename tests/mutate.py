@@ -280,8 +280,8 @@ MUTATIONS: list[Mutation] = [
              '    "ping", "time", "wait", "fcall", "evalsha", "script|load", "type",',
              "tests/test_attacks.py -k 'load_or_run_code or stall'",
              "roles may load and run Lua of their own"),
-    mutation("M36", "worker", "felix_redis/worker.py",
-             "                self._group.extend(job.item)\n", "                pass\n",
+    mutation("M36", "worker", "felix_redis/_runtime.py",
+             "                yield Call(self._group.extend, job.item)\n", "                yield Call(self._sleep, 0.0)\n",
              "tests/test_worker.py -k extended",
              "the worker never extends the leases of running handlers"),
 ]

@@ -1,0 +1,603 @@
+"""What the two workers share: the settings and their checks, the bookkeeping of a job,
+and every decision about a record, written once.
+
+The decisions are *plans*, as :mod:`felix_redis.protocol` writes the clients'
+operations: a plan is a generator that yields :class:`Call` (a method of the group, or
+one of the runtime's own waits) and gets back what it returned, or has what it raised
+thrown in. :class:`felix_redis.worker.Worker` makes the calls on its threads
+(:func:`drive`), :class:`felix_redis.aioworker.AsyncWorker` awaits them in its tasks
+(:func:`drive_async`). So what a failed handler's record becomes, how an ack is tried
+again, what a poll takes along and what a shutdown reports exist once; each runtime
+keeps its own concurrency: threads, locks and conditions, or tasks and events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from felix_redis.constants import (
+    DEFAULT_GRACE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_POLL_WAIT_S,
+    DEFAULT_VISIBILITY_TIMEOUT_MS,
+    MAX_REASON_BYTES,
+)
+from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
+from felix_redis.models import GroupInfo, Record
+
+if TYPE_CHECKING:
+    from felix_redis.client import Item
+    from felix_redis.metrics import BoundWorkerMetrics, WorkerMetrics
+
+log = logging.getLogger("felix_redis.worker")
+
+# Job outcomes, as logged and counted.
+ACKED = "acked"
+RETRIED = "retried"
+DEAD = "dead"
+HANDED_BACK = "handed_back"
+#: The record's lease was lost before the worker could settle it (StaleClaim).
+STALE = "stale"
+#: The worker could not settle the record (a lost connection, another error): its
+#: lease lapses and the record is delivered again.
+UNSETTLED = "unsettled"
+
+#: Tries of one ack call before its jobs are reported unsettled.
+ACK_TRIES = 3
+#: Most finished jobs one ack call carries.
+ACK_BATCH = 1000
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the record after ``after`` seconds (None: the backoff)."""
+
+    def __init__(self, after: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or (f"retry after {after:g}s" if after is not None else "retry"))
+        self.after = after
+
+
+class Fatal(Exception):
+    """Raise from a handler to dead-letter the record at once; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays: ``base_s * factor ** (attempts - 1)``, capped at ``max_s``, then
+    shortened by up to ``jitter`` (a fraction, 0..1) at random so retries spread out."""
+
+    base_s: float = 1.0
+    factor: float = 2.0
+    max_s: float = 300.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.base_s < 0 or self.max_s < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
+            raise ValueError(f"bad backoff {self}: need base_s, max_s >= 0, factor >= 1, 0 <= jitter <= 1")
+
+    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the delivery after ``attempts`` failed ones."""
+        exponent = max(0, attempts - 1)
+        # Cap the exponent first so a high attempt count cannot overflow the float.
+        raw = self.max_s if exponent > 200 else min(self.max_s, self.base_s * self.factor**exponent)
+        if self.jitter:
+            raw *= 1 - self.jitter * (rng or random).random()
+        return raw
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a record whose handler raised."""
+
+    dead: bool
+    delay_s: float
+    reason: str
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _fit(reason: str) -> str:
+    """``reason`` cut to the longest dead-letter reason Redis accepts."""
+    raw = reason.encode()
+    return raw[:MAX_REASON_BYTES].decode(errors="ignore") if len(raw) > MAX_REASON_BYTES else reason
+
+
+def decide(
+    exc: BaseException,
+    attempts: int,
+    max_attempts: int,
+    backoff: Backoff,
+    dead_letter_on: tuple[type[BaseException], ...] = (),
+    rng: random.Random | None = None,
+) -> Decision:
+    """Retry or dead-letter: ``Fatal`` and ``dead_letter_on`` types die at once, the last
+    allowed delivery dies with the error as reason, anything else retries with a delay."""
+    if isinstance(exc, Fatal):
+        return Decision(True, 0.0, _fit(str(exc) or "Fatal"))
+    if dead_letter_on and isinstance(exc, dead_letter_on):
+        return Decision(True, 0.0, _fit(_reason(exc)))
+    if attempts >= max_attempts:
+        return Decision(True, 0.0, _fit(f"failed {attempts} of {max_attempts} attempts: {_reason(exc)}"))
+    if isinstance(exc, Retry) and exc.after is not None:
+        return Decision(False, max(0.0, exc.after), _reason(exc))
+    return Decision(False, backoff.delay(attempts, rng), _reason(exc))
+
+
+def is_async_handler(handler: object) -> bool:
+    """``handler`` is an ``async def`` (or an object whose ``__call__`` is one)."""
+    if inspect.iscoroutinefunction(handler):
+        return True
+    return callable(handler) and not inspect.isroutine(handler) and inspect.iscoroutinefunction(
+        type(handler).__call__)
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker since it started."""
+
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    handed_back: int = 0
+    stale: int = 0
+    unsettled: int = 0
+    in_flight: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def job_line(where: str, record: Record, outcome: str, duration_s: float, detail: str = "") -> str:
+    """The one log line per job outcome, as ``key=value`` pairs."""
+    line = (
+        f"job stream={where} shard={record.shard} offset={record.offset} attempts={record.attempts} "
+        f"outcome={outcome} duration_ms={duration_s * 1000:.1f}"
+    )
+    return f"{line} {detail}" if detail else line
+
+
+OUTCOME_LEVELS = {ACKED: logging.DEBUG, RETRIED: logging.INFO, HANDED_BACK: logging.INFO,
+                  DEAD: logging.WARNING, STALE: logging.WARNING, UNSETTLED: logging.WARNING}
+
+
+_STAT_FIELDS = {ACKED: "processed", RETRIED: "retried", DEAD: "dead_lettered",
+                HANDED_BACK: "handed_back", STALE: "stale", UNSETTLED: "unsettled"}
+
+
+def report_outcome(
+    stats: WorkerStats, metrics: BoundWorkerMetrics | None, where: str, record: Record, outcome: str,
+    duration: float, detail: str = "", failed: bool = False,
+) -> None:
+    """Counts a job outcome in ``stats`` and ``metrics`` and logs its one line."""
+    field = _STAT_FIELDS[outcome]
+    setattr(stats, field, getattr(stats, field) + 1)
+    if metrics is not None:
+        metrics.finished(outcome, duration, failed)
+    extra = {"felix_job": {"stream": where, "shard": record.shard, "offset": record.offset,
+                           "attempts": record.attempts, "outcome": outcome, "duration_s": round(duration, 6)}}
+    log.log(OUTCOME_LEVELS[outcome], job_line(where, record, outcome, duration, detail), extra=extra)
+
+
+class Job:
+    """One record in a worker's hands: running, finished, or handed back."""
+
+    __slots__ = ("abandoned", "item", "lock", "renewed", "started", "state")
+
+    def __init__(self, item: Item) -> None:
+        self.item = item
+        self.started = self.renewed = time.monotonic()
+        self.state = "running"
+        self.abandoned = False
+        self.lock = threading.Lock()
+
+    def settle(self, state: str, then: Callable[[], None] | None = None) -> bool:
+        """Moves a running job to ``state`` and runs ``then`` under the job's lock; False
+        if something else settled it first."""
+        with self.lock:
+            if self.state != "running":
+                return False
+            self.state = state
+            if then is not None:
+                then()
+            return True
+
+
+#: A finished job: (job, how long its handler ran, time.monotonic() when it finished).
+Finished = tuple[Job, float, float]
+
+
+# -- plans and their two drivers
+
+
+class Call:
+    """One step of a plan: ``fn(*args, **kwargs)``, made by :func:`drive` or awaited by
+    :func:`drive_async`."""
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+Plan = Generator[Call, Any, None]
+
+
+class Steps:
+    """A plan under way: :attr:`call` is the call to make next, None once it is done."""
+
+    __slots__ = ("_plan", "call")
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self.call: Call | None = None
+        self._resume(plan.send, None)
+
+    def answer(self, reply: Any, error: BaseException | None) -> None:
+        """Sends what the call returned in, or throws what it raised in (what the plan
+        does not catch, an interrupt or a cancellation, goes on up from here)."""
+        if error is None:
+            self._resume(self._plan.send, reply)
+        else:
+            self._resume(self._plan.throw, error)
+
+    def _resume(self, how: Callable[[Any], Call], value: Any) -> None:
+        try:
+            self.call = how(value)
+        except StopIteration:
+            self.call = None
+
+
+def _made(call: Call) -> tuple[Any, BaseException | None]:
+    try:
+        return call.fn(*call.args, **call.kwargs), None
+    except BaseException as exc:  # thrown into the plan, which may catch it
+        return None, exc
+
+
+async def _awaited(call: Call) -> tuple[Any, BaseException | None]:
+    try:
+        return await call.fn(*call.args, **call.kwargs), None
+    except BaseException as exc:  # thrown into the plan; a cancellation goes on from there
+        return None, exc
+
+
+def drive(plan: Plan) -> None:
+    """Runs ``plan`` on this thread: makes each call it yields."""
+    steps = Steps(plan)
+    while (call := steps.call) is not None:
+        steps.answer(*_made(call))
+
+
+async def drive_async(plan: Plan) -> None:
+    """Runs ``plan`` in this task: awaits each call it yields."""
+    steps = Steps(plan)
+    while (call := steps.call) is not None:
+        steps.answer(*await _awaited(call))
+
+
+# -- the worker
+
+
+class WorkerBase:
+    """What the sync :class:`~felix_redis.worker.Worker` and the asyncio
+    :class:`~felix_redis.aioworker.AsyncWorker` share: settings, their checks, the
+    sharded group the records come from, and the plans of every step that decides about
+    a record. A runtime supplies its waits and its bookkeeping of jobs and slots (the
+    methods below that raise NotImplementedError)."""
+
+    #: The handler of a job past ``hard_limit_s`` is cancelled (asyncio) rather than left
+    #: running while its lease lapses (threads).
+    cancels_at_hard_limit: ClassVar[bool] = False
+
+    _stopping: Any  # a threading.Event, or an asyncio.Event
+    _jobs: Iterable[Job]
+    _finished: list[Finished]
+    _settle_stop: bool
+
+    def __init__(
+        self,
+        client: Any,
+        tenant: str,
+        namespace: str,
+        stream: str,
+        group: str,
+        handler: Any,
+        *,
+        concurrency: int = 1,
+        consumer: str | None = None,
+        shards: Iterable[int] | None = None,
+        backoff: Backoff | None = None,
+        dead_letter_on: tuple[type[BaseException], ...] = (),
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        grace_s: float = DEFAULT_GRACE_S,
+        heartbeat_fraction: float = 1 / 3,
+        hard_limit_s: float | None = None,
+        burst: bool = False,
+        metrics: WorkerMetrics | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        """
+        :param client: the connection.
+        :param tenant, namespace, stream, group: where the records come from.
+        :param handler: called with each :class:`Record`, on a worker thread.
+        :param concurrency: most records in flight (and handler threads) at once.
+        :param consumer: a stable consumer name; a restarted worker reclaims its own records.
+        :param shards: poll only these shards (default: all).
+        :param backoff: retry delays for failures (default ``Backoff()``).
+        :param dead_letter_on: exception types that dead-letter at once, like ``Fatal``.
+        :param poll_wait_s: how long one poll waits for records; bounds shutdown latency.
+        :param grace_s: how long running handlers may finish after a stop.
+        :param heartbeat_fraction: extend a lease after this fraction of the visibility timeout.
+        :param hard_limit_s: stop extending a handler's lease after this long (None: never).
+        :param burst: exit once nothing is due and nothing is in flight.
+        :param metrics: Prometheus metrics to update (:class:`felix_redis.metrics.WorkerMetrics`).
+        :param handle_signals: install SIGTERM/SIGINT handlers in ``run()`` (main thread only).
+        """
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be a whole number of at least 1, got {concurrency!r}")
+        if not 0 < heartbeat_fraction < 1:
+            raise InvalidArgument(f"heartbeat_fraction must be between 0 and 1, got {heartbeat_fraction!r}")
+        if poll_wait_s <= 0:
+            raise InvalidArgument(f"poll_wait_s must be positive, got {poll_wait_s!r}")
+        self._check_handler(handler)
+        self.client = client
+        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
+        self.handler = handler
+        self.concurrency = concurrency
+        self.consumer = consumer
+        self.shards = sorted(set(shards)) if shards is not None else None
+        self.backoff = backoff or Backoff()
+        self.dead_letter_on = dead_letter_on
+        self.poll_wait_s = poll_wait_s
+        self.grace_s = grace_s
+        self.heartbeat_fraction = heartbeat_fraction
+        self.hard_limit_s = hard_limit_s
+        self.burst = burst
+        self.handle_signals = handle_signals
+        self.stats = WorkerStats()
+        # the group's own settings, read from Redis when run() starts (_configure)
+        self.visibility_timeout_s = DEFAULT_VISIBILITY_TIMEOUT_MS / 1000
+        self.max_attempts = DEFAULT_MAX_ATTEMPTS
+        self._metrics: BoundWorkerMetrics | None = (
+            metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
+        self._stats_lock = threading.Lock()  # handler threads report at once; uncontended in asyncio
+        self._group = client.group_sharded(tenant, namespace, stream, group, consumer)
+        self._source = self._group
+        self._where = f"{tenant}/{namespace}/{stream}"
+        self._init_runtime()
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._stopping.is_set())
+
+    def _configure(self, info: GroupInfo) -> None:
+        """Takes the group's visibility timeout and max attempts (stored in Redis) and
+        checks the shard subset against the stream."""
+        self.visibility_timeout_s = info.visibility_timeout_ms / 1000
+        self.max_attempts = info.max_attempts
+        if self.shards is not None:
+            bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
+            if bad:
+                raise InvalidArgument(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
+            self._source = self.client.group_sharded(
+                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
+
+    # -- what a runtime supplies
+
+    def _check_handler(self, handler: Any) -> None:
+        """Refuses a handler this kind of worker cannot run."""
+
+    def _init_runtime(self) -> None:
+        """Sets up the worker's own events, queues and bookkeeping."""
+
+    def _dispatch(self, job: Job) -> None:
+        """Starts a handler on the job's record."""
+        raise NotImplementedError
+
+    def _release(self, job: Job) -> None:
+        """Forgets a settled job and frees its slot."""
+        raise NotImplementedError
+
+    def _add_finished(self, job: Job, duration: float) -> None:
+        """Keeps a job whose handler returned for the next ack."""
+        raise NotImplementedError
+
+    def _requeue(self, finished: list[Finished]) -> None:
+        """Puts finished jobs a poll took back in front, for the settle thread or task."""
+        raise NotImplementedError
+
+    def _sleep(self, seconds: float) -> Any:
+        """Waits ``seconds`` (a Call: may return an awaitable)."""
+        raise NotImplementedError
+
+    def _idle(self, seconds: float) -> Any:
+        """Waits ``seconds`` or until the worker stops (a Call)."""
+        raise NotImplementedError
+
+    def _burst_check(self) -> Any:
+        """In burst mode, after a poll found nothing: stop (:meth:`_burst_stop`) if no job
+        is in flight, else wait a while for one to settle (a Call)."""
+        raise NotImplementedError
+
+    # -- the plans
+
+    def _poll_plan(self, free: int, finished: list[Finished]) -> Plan:
+        """One turn of the loop once ``free`` slots are free: polls up to them, acking
+        the ``finished`` jobs in the same round trip, and hands the records out."""
+        if free == 0 or self._stopping.is_set():
+            if finished:
+                yield from self._ack_plan(finished)
+            return
+        try:
+            items = yield Call(self._source.poll, free, None if self.burst else self.poll_wait_s,
+                               ack=[job.item for job, _, _ in finished])
+        except FelixError as exc:
+            log.error("poll failed stream=%s group=%s: %s", self._where, self.group, exc)
+            if finished:
+                yield from self._ack_plan(finished)  # the acks it carried may not have been applied
+            yield Call(self._idle, min(self.poll_wait_s, 1.0))
+            return
+        except BaseException:
+            # an interrupt, a cancellation or a bug mid-poll: the settle thread or task
+            # acks those jobs (again: acks are idempotent) while run() shuts down
+            if finished:
+                self._requeue(finished)
+            raise
+        if finished:
+            self._acked(finished, ACKED)
+        for item in items:
+            self._dispatch(Job(item))
+        if not items and self.burst:
+            yield Call(self._burst_check)
+
+    def _burst_stop(self) -> None:
+        log.info("burst: nothing due, stopping stream=%s group=%s", self._where, self.group)
+        self._stopping.set()
+
+    def _succeeded(self, job: Job) -> None:
+        """The handler returned: the job waits for its ack, unless shutdown handed it back."""
+        duration = time.monotonic() - job.started
+        job.settle("finished", lambda: self._add_finished(job, duration))
+
+    def _failed_plan(self, job: Job, exc: BaseException) -> Plan:
+        """The handler raised: unless shutdown handed the job back first, the record is
+        retried or dead-lettered as :func:`decide` says, and its slot freed."""
+        duration = time.monotonic() - job.started
+        if not job.settle("finished"):
+            return
+        record = job.item.record
+        if not isinstance(exc, (Retry, Fatal)):
+            log.debug("handler raised for %s", record.claim, exc_info=exc)
+        with self._stats_lock:
+            self.stats.failed += 1
+        decision = decide(exc, record.attempts, self.max_attempts, self.backoff, self.dead_letter_on)
+        detail = f"error={decision.reason!r}"
+        try:
+            if decision.dead:
+                yield Call(self._group.dead_letter, job.item, decision.reason)
+                outcome = DEAD
+            else:
+                dead = yield Call(self._group.nack, job.item, decision.delay_s)
+                outcome = DEAD if dead else RETRIED
+                if not dead:
+                    detail = f"retry_in_s={decision.delay_s:.3f} {detail}"
+        except StaleClaim:
+            outcome = STALE
+        except FelixError as error:
+            outcome = UNSETTLED
+            detail += f" settle_error={error!r}"
+        self._outcome(record, outcome, duration, detail, failed=True)
+        self._release(job)
+
+    def _settle_turn(self, linger: float) -> tuple[list[Finished], float | None] | None:
+        """What the settle thread or task does next, with the finished jobs no poll took
+        along within ``linger`` seconds (the loop waits in a long poll, or is stopping):
+        ack a batch of them (``(batch, 0.0)``); wait (``([], seconds)``, None: until
+        woken); or end (None: stopped with nothing left)."""
+        if self._finished:
+            wait = self._finished[0][2] + linger - time.monotonic()
+            if wait <= 0 or self._stopping.is_set() or self._settle_stop:
+                batch, self._finished = self._finished[:ACK_BATCH], self._finished[ACK_BATCH:]
+                return batch, 0.0
+            return [], wait
+        return None if self._settle_stop else ([], None)
+
+    def _ack_plan(self, batch: list[Finished]) -> Plan:
+        """Acks finished jobs in one call (tried again after a failure), reports them and
+        frees their slots."""
+        outcome, detail = UNSETTLED, "ack_failed=true"
+        for attempt in range(ACK_TRIES):
+            try:
+                yield Call(self._group.ack_many, [job.item for job, _, _ in batch])
+                outcome, detail = ACKED, ""
+                break
+            except FelixError as exc:
+                log.error("ack of %d record(s) failed (try %d of %d): %s", len(batch), attempt + 1, ACK_TRIES, exc)
+                yield Call(self._sleep, 0.2 * (attempt + 1))
+        self._acked(batch, outcome, detail)
+
+    def _acked(self, batch: list[Finished], outcome: str, detail: str = "") -> None:
+        """Reports the outcome of finished jobs whose ack was sent, and frees their slots."""
+        for job, duration, _ in batch:
+            self._outcome(job.item.record, outcome, duration, detail)
+            self._release(job)
+
+    def _heartbeat_timing(self) -> tuple[float, float]:
+        """How often a lease is extended, and how often the heartbeat looks."""
+        every = self.visibility_timeout_s * self.heartbeat_fraction
+        return every, max(0.01, min(every / 4, 1.0))
+
+    def _heartbeat_plan(self, jobs: Iterable[Job], every: float) -> Plan:
+        """Extends the lease of each running job once ``every`` seconds have passed since
+        the last extension; a thread past the hard limit is left to lapse."""
+        now = time.monotonic()
+        for job in jobs:
+            if job.state != "running" or job.abandoned or now - job.renewed < every:
+                continue
+            if (not self.cancels_at_hard_limit and self.hard_limit_s is not None
+                    and now - job.started > self.hard_limit_s):
+                job.abandoned = True
+                log.warning("job stream=%s claim=%s ran past the hard limit of %gs; its lease will lapse",
+                            self._where, job.item.claim, self.hard_limit_s)
+                continue
+            job.renewed = now
+            try:
+                yield Call(self._group.extend, job.item)
+            except StaleClaim:
+                job.abandoned = True
+                log.warning("job stream=%s claim=%s lost its lease", self._where, job.item.claim)
+            except FelixError as exc:
+                log.error("extend of %s failed: %s", job.item.claim, exc)
+
+    def _hand_back_plan(self, job: Job) -> Plan:
+        """Gives the record of a job still running at the end of the grace period back,
+        due at once."""
+        duration = time.monotonic() - job.started
+        detail = "reason=shutdown"
+        try:
+            dead = yield Call(self._group.nack, job.item, 0.0)
+            outcome = DEAD if dead else HANDED_BACK  # dead: it was the last allowed attempt
+        except StaleClaim:
+            outcome = STALE
+        except FelixError as error:
+            outcome = UNSETTLED
+            detail += f" settle_error={error!r}"
+        self._outcome(job.item.record, outcome, duration, detail)
+        self._release(job)
+
+    def _outcome(self, record: Record, outcome: str, duration: float, detail: str = "", failed: bool = False) -> None:
+        with self._stats_lock:
+            report_outcome(self.stats, self._metrics, self._where, record, outcome, duration, detail, failed)
+
+    # -- logs and signals
+
+    def _log_stopped(self, kind: str) -> None:
+        log.info("%s stopped stream=%s group=%s %s", kind, self._where, self.group,
+                 " ".join(f"{k}={v}" for k, v in self.stats.as_dict().items()))
+
+    def _on_signal(self, signum: int, frame: object = None) -> None:
+        """SIGTERM/SIGINT: stop gracefully; a second one exits at once."""
+        name = signal.Signals(signum).name
+        if self._stopping.is_set():
+            log.warning("received %s again: exiting now; unfinished leases will lapse", name)
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        log.info("received %s: stopping, running handlers have %gs to finish (again to exit now)", name, self.grace_s)
+        self.stop()
+
+    def stop(self) -> None:
+        raise NotImplementedError
