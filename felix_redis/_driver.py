@@ -169,7 +169,7 @@ class BatchRun:
             if self.runner.missing(reply):
                 again.append(i)
                 load.add(self.op.ops[i].script)
-            elif self.runner.refused(reply):
+            elif self.runner.switch_to_evalsha(reply):
                 again.append(i)
             else:
                 result = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply

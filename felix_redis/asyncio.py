@@ -196,7 +196,7 @@ class AsyncClient(_AwaitsToItself):
                     await self._load(op.script, node)
                 elif isinstance(exc, AskError) and self._cluster:
                     await self._refresh_slots()  # MOVED or ASK: the script did not run there
-                elif not runner.refused(exc):
+                elif not runner.switch_to_evalsha(exc):
                     raise
         raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?) "
                                "or redirecting the call", unsent=True)
@@ -220,7 +220,7 @@ class AsyncClient(_AwaitsToItself):
             else:
                 await self.redis.execute_command(*command)
         except ResponseError as exc:
-            if not self._runner.refused(exc):
+            if not self._runner.switch_to_evalsha(exc):
                 raise
 
     async def _batch(self, op: Batch) -> list[Any]:
@@ -289,7 +289,7 @@ class AsyncClient(_AwaitsToItself):
                 if runner.missing(result):
                     await conn.send_command(*runner.load(op.script))
                     loaded = await _areply(conn)
-                    if isinstance(loaded, Exception) and not runner.refused(loaded):
+                    if isinstance(loaded, Exception) and not runner.switch_to_evalsha(loaded):
                         raise loaded
             except BaseException:
                 # A connection left mid-reply must not go back to the pool as it is.
@@ -300,7 +300,7 @@ class AsyncClient(_AwaitsToItself):
                     node.release(conn)
                 else:
                     await self.redis.connection_pool.release(conn)
-            if runner.missing(result) or runner.refused(result):
+            if runner.missing(result) or runner.switch_to_evalsha(result):
                 continue
             if isinstance(result, AskError) and self._cluster:
                 await self._refresh_slots()

@@ -180,14 +180,10 @@ class Client:
                     self._load(op.script, pool)
                 elif isinstance(exc, AskError) and self._cluster:
                     self._refresh_slots()  # MOVED or ASK: the script did not run there
-                elif not runner.refused(exc):
+                elif not runner.switch_to_evalsha(exc):
                     raise
         raise ConnectionFailed(f"{op.context}: Redis at {self.url} keeps forgetting the scripts (FLUSH?) "
                                "or redirecting the call", unsent=True)
-
-    def _run_script(self, name: str, keys: list[Any], args: list[Any]) -> Any:
-        """Script ``name`` as it is, redis-py errors untranslated (for tests and tools)."""
-        return self._eval(Eval(name, keys, args, name))
 
     def _load(self, name: str, pool: Any = None) -> None:
         """Loads the library, or the one script, on the server of ``pool`` (on Redis
@@ -200,7 +196,7 @@ class Client:
             else:
                 self.redis.execute_command(*command)
         except ResponseError as exc:
-            if not self._runner.refused(exc):
+            if not self._runner.switch_to_evalsha(exc):
                 raise
 
     def _batch(self, op: Batch) -> list[Any]:
@@ -259,14 +255,14 @@ class Client:
                 if runner.missing(result):
                     conn.send_command(*runner.load(op.script))
                     loaded = _reply(conn)
-                    if isinstance(loaded, Exception) and not runner.refused(loaded):
+                    if isinstance(loaded, Exception) and not runner.switch_to_evalsha(loaded):
                         raise loaded
             except BaseException:
                 conn.disconnect()  # a reply may still be on its way
                 raise
             finally:
                 pool.release(conn)
-            if runner.missing(result) or runner.refused(result):
+            if runner.missing(result) or runner.switch_to_evalsha(result):
                 continue
             if isinstance(result, AskError) and self._cluster:
                 self._refresh_slots()

@@ -231,7 +231,8 @@ def prune_steps(current: str, targets: list[dict[str, Any]]) -> Generator[tuple[
 class Runner:
     """How one client runs the scripts: ``FCALL`` of the library's functions, else
     ``EVALSHA``. The drivers send :meth:`command`, load what :meth:`missing` replies ask
-    for with :meth:`load`, and run a call again when :meth:`refused` switched it over.
+    for with :meth:`load`, and run a call again when :meth:`switch_to_evalsha` switched
+    it over.
 
     A client starts with functions (``functions=True``) and falls back to EVALSHA for
     the rest of its life when the server has no functions (fakeredis) or the user may not
@@ -267,10 +268,11 @@ class Runner:
             return ("FUNCTION LOAD", "REPLACE", self.library.code)
         return ("SCRIPT LOAD", self.sources[name].source)
 
-    def refused(self, error: Any) -> bool:
-        """After ``FCALL`` or ``FUNCTION LOAD`` failed with ``error``: True, and from now
-        on EVALSHA, when the error says the server has no functions (the call did not
-        run and may be sent again); False for any other error.
+    def switch_to_evalsha(self, error: Any) -> bool:
+        """After ``FCALL`` or ``FUNCTION LOAD`` failed with ``error``: when the error says
+        the server has no functions or the user may not ``FCALL``, switches this client
+        to EVALSHA for good and returns True (the call did not run: send it again);
+        False for any other error.
 
         Raises :class:`NotInstalled` when ``FUNCTION LOAD`` was refused by ACL: the
         library is missing and this user may not install it. Roles run the library's

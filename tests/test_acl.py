@@ -16,6 +16,7 @@ import felix_redis
 from felix_redis import PermissionDenied, acl
 from felixctl.cli import cli
 from tests.conftest import dump_keyspace, finished_runs
+from tests.support.scripts import run_script
 
 PW = "pw-secret-1"
 _users = itertools.count()
@@ -346,7 +347,7 @@ def test_a_role_on_one_group_cannot_be_used_on_another_groups_keys(
     before = dump_keyspace(raw)
     for keys in ([*name.shard_keys(0), other[0], *workers[1:]], [*name.shard_keys(0), *other[:-1], workers[-1]]):
         with pytest.raises(redis.ResponseError, match="FELIX_INVALID KEYS"):
-            u._run_script("group_redrive", keys, ["all", "0"])
+            run_script(u, "group_redrive", keys, ["all", "0"])
     with pytest.raises(PermissionDenied, match=r"group\.manage role on group workers"):
         u.group_redrive(*a, 0, "workers")
     assert dump_keyspace(raw) == before
@@ -390,7 +391,7 @@ def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Cli
     for _ in range(2):
         refused = r"FELIX_INVALID KEYS\[2\] is .*, not felix:\{acme/prod/jobs/0\}:log"
         with pytest.raises(redis.ResponseError, match=refused):
-            u._run_script("publish", keys, ["", "", "0", "60000", "x"])
+            run_script(u, "publish", keys, ["", "", "0", "60000", "x"])
     assert dump_keyspace(raw) == before
 
 

@@ -23,6 +23,7 @@ from felix_redis.protocol import Eval
 from felix_redis.testing.server import RedisServer, redis_server_binary
 from tests.conftest import finished_runs, lease_expiry
 from tests.support import clocks
+from tests.support.scripts import run_script
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 BASE0 = "felix:{acme/prod/jobs/0}"
@@ -155,7 +156,7 @@ def test_1_state_survives_a_redis_restart_and_unfinished_records_come_back() -> 
             assert after.owed + after.in_flight == 4
             # The idempotent producer's last sequence survived too: a re-send lands once,
             # and the same producer's next publish is a new record.
-            reply = c._run_script("publish", [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"],
+            reply = run_script(c, "publish", [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"],
                                  ["", producer._state.producer_id, 1, 3_600_000, b"idem"])
             assert reply[:2] == [20, 1] and reply[3] == 1
             assert producer.publish(T, N, S, b"after", shard=0) == Published(0, 21)
@@ -593,7 +594,7 @@ def test_7_raw_resend_gap_and_older_sequence(client: Client, unchanged: Any) -> 
     keys = [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"]
 
     def send(seq: int, *payloads: bytes) -> list[Any]:
-        return client._run_script("publish", keys, ["", producer._state.producer_id, seq, 3_600_000, *payloads])
+        return run_script(client, "publish", keys, ["", producer._state.producer_id, seq, 3_600_000, *payloads])
 
     def refused(seq: int, *payloads: bytes) -> felix_redis.FelixError | None:
         with pytest.raises(ResponseError) as info:

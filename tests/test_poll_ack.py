@@ -14,6 +14,7 @@ import pytest
 import felix_redis
 from felix_redis import Client, Record
 from tests.conftest import dump_keyspace
+from tests.support.scripts import run_script
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -151,9 +152,9 @@ def test_script_checks_ack_offsets_before_writing(redis_client: Client, raw: Any
     for args, code in ([["16", "", "0", "x"], "FELIX_INVALID"], [["16", "", "0", "2"], "FELIX_NOT_FOUND"],
                        [["16", "", "0", *["0"] * 10_001], "FELIX_INVALID"]):
         with pytest.raises(Exception, match=code):
-            redis_client._run_script("group_poll", keys, args)
+            run_script(redis_client, "group_poll", keys, args)
         assert dump_keyspace(raw) == before
-    reply = redis_client._run_script("group_poll", keys, ["1", "", "0", "00", "01"])
+    reply = run_script(redis_client, "group_poll", keys, ["1", "", "0", "00", "01"])
     assert int(reply[4]) == 1
     assert state(redis_client) == (2, 1, 1, 0, 0)
     assert [r.offset for r in got] == [0, 1]

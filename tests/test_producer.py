@@ -16,6 +16,7 @@ import felix_redis
 from felix_redis.errors import from_response
 from felix_redis.keys import producer_field, producer_public_id
 from felix_redis.protocol import Eval, ProducerState, Sleep, new_producer_secret
+from tests.support.scripts import run_script
 
 T, N, S = "acme", "prod", "jobs"
 
@@ -76,7 +77,7 @@ def state_mac(secret: str, five: str) -> str:
 def run_publish_script(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes,
                        idle_ms: int = 3_600_000) -> list[Any]:
     keys = client.core.name(T, N, S).publish_keys(0)
-    return client._run_script("publish", keys, [b"", secret, seq, idle_ms, *(payloads or [b"payload"])])
+    return run_script(client, "publish", keys, [b"", secret, seq, idle_ms, *(payloads or [b"payload"])])
 
 
 def script_error(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes) -> Exception | None:

@@ -27,6 +27,7 @@ import redis
 import felix_redis
 from felix_redis.errors import SequenceError, from_response
 from felix_redis.keys import producer_field, producer_public_id
+from tests.support.scripts import run_script
 
 T, N, S = "acme", "prod", "fuzz"
 SHARDS = 2
@@ -134,7 +135,7 @@ class Fuzz:
         args = [key, b"" if pid is None else pid, 0 if pid is None else seq, idle, *payloads]
         self.ops += 1
         try:
-            return self.client._run_script("publish", [sh.meta, sh.log, sh.conf], args), payloads
+            return run_script(self.client, "publish", [sh.meta, sh.log, sh.conf], args), payloads
         except redis.exceptions.ResponseError as exc:
             error = from_response(str(exc))
             assert error is not None, exc
