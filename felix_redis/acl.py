@@ -106,13 +106,13 @@ def rules(
     p = _glob(prefix)
     base = f"{p}:{{{_glob(f'{tenant}/{namespace}/{stream}')}/*}}"
     cap = capability_key(p, f"{_glob(f'{tenant}/{namespace}/{stream}')}/*", role, group)
-    shard_keys = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
+    shard_patterns = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
     writes: list[tuple[tuple[str, ...], list[str]]]  # (commands, key patterns) per selector
     if role in GROUP_ROLE_CAPS:
         assert group is not None
-        group_keys = [f"{base}:g:{_glob(group)}", f"{base}:g:{_glob(group)}:*"]
-        read = [*shard_keys, *group_keys, cap]
-        writes = [(GROUP_WRITE_COMMANDS, group_keys)]
+        group_patterns = [f"{base}:g:{_glob(group)}", f"{base}:g:{_glob(group)}:*"]
+        read = [*shard_patterns, *group_patterns, cap]
+        writes = [(GROUP_WRITE_COMMANDS, group_patterns)]
         if role == "group.manage":
             # names may be added to the groups set, never removed: SREM would let a
             # manager of one group hide another from retention (docs/security.md)
@@ -120,7 +120,7 @@ def rules(
     elif role == "stream.publish":
         # trimming (after a publish, when the stream has retention) reads every group's
         # position; the producers' states live in meta; the settings (conf) are read only
-        read = [*shard_keys, f"{base}:g:*", cap]
+        read = [*shard_patterns, f"{base}:g:*", cap]
         writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"])]
     else:  # stream.admin: every key of the stream, and its tenant's registry
         read = [f"{base}:*", cap, registry_key(p, _glob(tenant))]

@@ -187,7 +187,8 @@ class StreamName:
         return f"{self.base(shard)}:groups"
 
     def group_keys(self, shard: int, group: str) -> list[str]:
-        """The keys of one group on one shard, in GROUP_ROLES order."""
+        """The keys of one group on one shard as scripts take them: a list in
+        GROUP_ROLES order. (``Client.group_keys`` gives them by shard and role.)"""
         g = f"{self.base(shard)}:g:{group}"
         return [g] + [f"{g}:{role}" for role in GROUP_ROLES[1:]]
 

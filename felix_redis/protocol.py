@@ -672,6 +672,8 @@ class Core:
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None
     ) -> Plan[dict[int, dict[str, str]]]:
+        """The keys of a group, by shard and role (docs/keys.md), for people and tools:
+        ``{shard: {role: key}}``. (Scripts take a list: StreamName.group_keys.)"""
         name = self.cache.name(tenant, namespace, stream)
         check_name(group, "group")
         settings = yield from self.settings(name)
