@@ -2,11 +2,11 @@
 
 Every ``execute_command`` borrows a connection from the pool and gives it back: the pool
 takes its lock, checks the process id, asks the socket whether unread data is waiting (a
-system call) and records metrics, both ways. On a loopback Redis that is a fifth of a
-script call's round trip (``bench/roundtrip.py``). A client's script calls (``FCALL`` /
-``EVALSHA``: publish, poll, ack and the rest; never a blocking read) go instead through
-one connection the client borrowed once and keeps: the *lane*. It is used by one call at
-a time; a call that finds it busy (another thread's, or another task's) borrows a
+system call) and records metrics, both ways: on a loopback Redis, a good part of a
+script call's round trip (docs/benchmarks.md, ``bench/roundtrip.py``). A client's
+script calls (``FCALL`` / ``EVALSHA``: publish, poll, ack and the rest; never a blocking
+read) go instead through one connection the client borrowed once and keeps: the *lane*. It is used by one call at
+a time; a call that finds it in use (another thread's, or another task's) borrows a
 connection from the pool for that one call (:func:`pool_call`), so nothing ever waits
 for the lane. On Redis Cluster, where there is no lane, a call borrows a connection of
 the node serving its slot the same way.
@@ -15,8 +15,9 @@ What the pool's checks guarded against is handled here:
 
 - a reply left unread (a call interrupted between sending and reading, by an exception
   or a cancelled task): redis-py disconnects on any exception while sending or
-  reading, and the lane marks itself busy around each call, so a call that never
-  finished leaves it marked and the next one reconnects first;
+  reading, and the lane marks a reply as awaited from sending to reading
+  (``awaiting_reply``), so a call that never finished leaves the mark and the next
+  one reconnects first;
 - a connection the server closed (``timeout`` in redis.conf, ``CLIENT KILL``, a
   restart): before each call the lane asks the socket, as the pool does at each
   checkout, whether anything is waiting on it (a closed socket reads as such) and
@@ -45,9 +46,9 @@ all).
 A call on the lane is packed by hiredis and written to the connection's socket, and its
 reply read by the connection's own parser (:func:`_send_read`): the layers redis-py puts
 around them (its packer's argument checks, the health-check and error-wrapping calls)
-cost about a sixth of a loopback round trip. Their effects are kept: a connection with
-health checks, another parser or another text encoding takes redis-py's own path, and a
-failure drops the connection and raises the error redis-py would.
+are skipped (docs/benchmarks.md says what that saves). Their effects are kept: a
+connection with health checks, another parser or another text encoding takes redis-py's
+own path, and a failure drops the connection and raises the error redis-py would.
 
 The synchronous lane borrows its connection from the pool (and gives it back on
 ``close()`` or when the client is garbage-collected). The asyncio lane makes a
@@ -155,7 +156,7 @@ class Lane:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.lock = threading.Lock()
-        self.busy = False
+        self.awaiting_reply = False
         # [connection, pid of the process that borrowed it]: also what the finalizer
         # gives back when the lane is dropped unclosed (it must not hold the lane itself)
         self._held: list[Any] = [None, 0]
@@ -174,14 +175,14 @@ class Lane:
         left) and the client decides whether the call may be sent again; redis-py's
         own retry would send a call that is not safe to repeat a second time."""
         conn = self._connection()
-        self.busy = True
+        self.awaiting_reply = True
         try:
             reply = _send_read(conn, args)
         except (ResponseError, NotSent):
-            self.busy = False  # the whole error reply was read, or nothing was sent
+            self.awaiting_reply = False  # the whole error reply was read, or nothing was sent
             raise
         else:
-            self.busy = False
+            self.awaiting_reply = False
         finally:
             if conn.should_reconnect():
                 conn.disconnect()
@@ -196,10 +197,10 @@ class Lane:
             self._held[:] = [conn, os.getpid()]
             if not self._finalizer.alive:  # used again after close()
                 self._finalizer = weakref.finalize(self, _give_back, self.pool, self._held)
-            self.busy = False
-        elif self.busy or _stale_primary(self.pool, conn):
+            self.awaiting_reply = False
+        elif self.awaiting_reply or _stale_primary(self.pool, conn):
             conn.disconnect()  # the last call never read its reply, or a failover
-            self.busy = False
+            self.awaiting_reply = False
         elif conn._sock is not None:
             try:
                 if conn.can_read():
@@ -227,10 +228,10 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     ``read_response`` do. For the usual connection (redis-py's own connection class and
     command packer, RESP2, its hiredis parser, no health checks, UTF-8 text) the command
     is packed by hiredis and written to the socket, and the reply read by the
-    connection's parser, without the layers around them (about 10 usec of a 75 usec
-    loopback round trip here, ``bench/roundtrip.py``); failures are told and handled as
-    those layers do: the connection is dropped and a redis-py ``ConnectionError`` or
-    ``TimeoutError`` raised, for its retries."""
+    connection's parser, without the layers around them (``bench/roundtrip.py`` measures
+    what that saves); failures are told and handled as those layers do: the connection
+    is dropped and a redis-py ``ConnectionError`` or ``TimeoutError`` raised, for its
+    retries."""
     ensure_connected(conn)
     sock, parser = conn._sock, conn._parser
     packed = None
@@ -346,24 +347,25 @@ def _hiredis_packed(conn: Any, args: tuple[Any, ...] | list[Any]) -> bytes | Non
 
 class AsyncLane:
     """The lane of an asyncio client: tasks of one event loop, so a flag is the lock. A
-    caller that finds :attr:`in_use` false sets it, awaits :meth:`call` and clears it."""
+    caller that finds :attr:`in_use` false sets it, awaits :meth:`call` and clears it
+    (what :attr:`Lane.lock` is to the synchronous lane)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.conn: Any = None
-        self.busy = False
+        self.awaiting_reply = False
         self.in_use = False
 
     async def call(self, args: tuple[Any, ...] | list[Any]) -> Any:
         conn = await self._connection()
-        self.busy = True
+        self.awaiting_reply = True
         try:
             reply = await _async_send_read(conn, args)  # one attempt, as Lane.call
         except (ResponseError, NotSent):
-            self.busy = False
+            self.awaiting_reply = False
             raise
         else:
-            self.busy = False
+            self.awaiting_reply = False
         finally:
             if self.conn is not conn:
                 await conn.disconnect()  # the client was closed while this call ran
@@ -376,10 +378,10 @@ class AsyncLane:
         if conn is None:
             # a connection of the lane's own (see the module's docstring)
             conn = self.conn = self.pool.make_connection()
-            self.busy = False
-        elif self.busy or _stale_primary(self.pool, conn):
+            self.awaiting_reply = False
+        elif self.awaiting_reply or _stale_primary(self.pool, conn):
             await conn.disconnect()  # the last call never read its reply (cancelled), or a failover
-            self.busy = False
+            self.awaiting_reply = False
         elif conn.is_connected:
             try:
                 if await conn.can_read():
@@ -472,9 +474,8 @@ async def _async_call(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
 
 
 def _pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
-    """The command in RESP for the asyncio lane. redis.asyncio packs in Python (about 9
-    usec of a script call here), where the synchronous client uses hiredis: the lane uses
-    hiredis too where :func:`_hiredis_packed` can; anything else is left to redis-py
-    (and its error)."""
+    """The command in RESP for the asyncio lane. redis.asyncio packs in Python, where
+    the synchronous client uses hiredis: the lane uses hiredis too where
+    :func:`_hiredis_packed` can; anything else is left to redis-py (and its error)."""
     packed = _hiredis_packed(conn, args)
     return packed if packed is not None else conn.pack_command(*args)
