@@ -124,7 +124,7 @@ def choose_backend(url: str | None, local_url: str = LOCAL_URL) -> Backend:
 
 
 @dataclass
-class Plan:
+class Mishaps:
     """Which jobs misbehave, chosen from the seed so a run can be repeated."""
 
     poison: tuple[int, str]
@@ -133,7 +133,7 @@ class Plan:
     glitches: set[tuple[int, str]]
 
     @classmethod
-    def make(cls, orders: list[int], seed: int) -> Plan:
+    def make(cls, orders: list[int], seed: int) -> Mishaps:
         rng = random.Random(seed)
         poison = (rng.choice(orders), "post-to-accounting")
         declined = (rng.choice(orders), "charge-card")
@@ -154,13 +154,13 @@ class Stats:
 
 @dataclass
 class Demo:
-    """One run: the client, the plan, the worker pool and the live account."""
+    """One run: the client, the mishaps, the worker pool and the live account."""
 
     client: felix_redis.Client
     tenant: str
     orders: list[int]
     workers: int
-    plan: Plan
+    mishaps: Mishaps
     started: float = field(default_factory=time.monotonic)
     bug_fixed: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -217,17 +217,17 @@ class Demo:
         job = job_of(item)
         time.sleep(0.005 + zlib.crc32(item.payload) % 20 / 1000)
         try:
-            if job == self.plan.poison and not self.bug_fixed.is_set():
+            if job == self.mishaps.poison and not self.bug_fixed.is_set():
                 self.nack(worker, group, item, f"FAILED: {POISON_ERROR}")
-            elif job == self.plan.declined:
+            elif job == self.mishaps.declined:
                 group.dead_letter(item, reason=DECLINED)
                 self.event(worker, item, "card declined -> dead-lettered at once (retrying cannot help)")
-            elif job == self.plan.stall and item.attempts == 1:
+            elif job == self.mishaps.stall and item.attempts == 1:
                 with self.lock:
                     self.stats.lapses += 1
                 self.event(worker, item, f"worker stalls and never settles it; the lease lapses after "
                                          f"{VISIBILITY_TIMEOUT_MS} ms")
-            elif job in self.plan.glitches and item.attempts == 1:
+            elif job in self.mishaps.glitches and item.attempts == 1:
                 self.nack(worker, group, item, f"failed: {GLITCHES[job[1]]} -> nack, retry in "
                                                f"{int(RETRY_DELAY_S * 1000)} ms")
             else:
@@ -236,7 +236,7 @@ class Demo:
                     self.stats.done += 1
                     self.stats.retries += item.attempts > 1
                 note = ""
-                if job == self.plan.poison:
+                if job == self.mishaps.poison:
                     note = " (after the redrive, with the fix)"
                 elif item.attempts > 1:
                     note = " (a retry: attempts > 1)"
@@ -297,8 +297,8 @@ class Demo:
                  "(pointers to records still in the log):")
         rows = [(d.claim, d.attempts, d.reason) for d in letters]
         self.say("  " + table(["RECORD", "ATTEMPTS", "REASON"], rows).replace("\n", "\n  "))
-        poison = self.find(letters, self.plan.poison)
-        declined = self.find(letters, self.plan.declined)
+        poison = self.find(letters, self.mishaps.poison)
+        declined = self.find(letters, self.mishaps.declined)
         self.say(f"\nFixing the bug (adding CHF to the accounting mapping) and redriving {poison}: "
                  "it is owed again, attempts start over.")
         self.bug_fixed.set()
@@ -384,7 +384,7 @@ def demo(ctl: Ctl, orders: int, workers: int, seed: int, keep: bool) -> None:
     try:
         client = felix_redis.connect(backend.url)
         libraries_before = felix_libraries(client) if backend.shared else None
-        run = Demo(client, tenant, [1001 + i for i in range(orders)], workers, Plan.make(
+        run = Demo(client, tenant, [1001 + i for i in range(orders)], workers, Mishaps.make(
             [1001 + i for i in range(orders)], seed))
         try:
             run.run()

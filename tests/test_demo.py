@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import felix_redis
 import felixctl.demo as demo_module
 from felixctl.cli import cli
-from felixctl.demo import Plan, choose_backend
+from felixctl.demo import Mishaps, choose_backend
 
 CLOSED = "redis://127.0.0.1:1/0"
 
@@ -109,7 +109,7 @@ def test_same_seed_same_failures(redis_url: str) -> None:
     first = run_demo("memory://seed-a", "--seed", "42")
     second = run_demo("memory://seed-b", "--seed", "42")
     assert dead_letters(first) == dead_letters(second)
-    assert Plan.make([1, 2, 3], 42) == Plan.make([1, 2, 3], 42)
+    assert Mishaps.make([1, 2, 3], 42) == Mishaps.make([1, 2, 3], 42)
 
 
 def test_choose_backend_prefers_the_given_url() -> None:
