@@ -236,8 +236,8 @@ def keys(ctl: Ctl, stream: str, group: str, shard: int | None, role: str | None,
     info = ctl.client.stream_describe(*ctl.where(stream))
     if group not in info.groups:
         raise OperationError(f"group {group} on stream {ctl.path(stream)} does not exist")
-    by_shard = ctl.client.group_keys(*ctl.where(stream), group, shard)
-    rows = [(s, r, k) for s, roles in by_shard.items() for r, k in roles.items()]
+    shard_keys = ctl.client.group_keys(*ctl.where(stream), group, shard)
+    rows = [(s, r, k) for s, roles in shard_keys.items() for r, k in roles.items()]
     if role is not None:
         rows = [row for row in rows if row[1] == role]
     if output == "json":
@@ -492,47 +492,29 @@ def _settle_dead(
     runner.finish()
 
 
-_DEAD_ARGS = click.argument("records", nargs=-1, metavar="[SHARD:OFFSET]...")
-_ALL = click.option("--all", "everything", is_flag=True,
-                    help="Every dead letter (asks for confirmation at a terminal).")
+def _dead_letter_command(verb: str, help: str) -> click.Command:
+    """``group redrive`` or ``group discard``: the same arguments, the same checks."""
+
+    @group.command(verb, help=help, epilog=examples(
+        f"felixctl group {verb} jobs workers 0:15",
+        f"felixctl group {verb} jobs workers --all --yes",
+        note="--all asks a person at a terminal for confirmation; run from a script it goes ahead.",
+    ))
+    @stream_argument
+    @group_argument
+    @click.argument("records", nargs=-1, metavar="[SHARD:OFFSET]...")
+    @click.option("--all", "everything", is_flag=True, help="Every dead letter (asks for confirmation at a terminal).")
+    @shard_option("With --all: only this shard.")
+    @yes_option
+    @pass_ctl
+    def command(
+        ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
+    ) -> None:
+        _settle_dead(ctl, stream, group, records, everything, shard, yes, verb)
+
+    return command
 
 
-@group.command("redrive", epilog=examples(
-    "felixctl group redrive jobs workers 0:15",
-    "felixctl group redrive jobs workers --all --yes",
-    note="--all asks a person at a terminal for confirmation; run from a script it goes ahead.",
-))
-@stream_argument
-@group_argument
-@_DEAD_ARGS
-@_ALL
-@shard_option("With --all: only this shard.")
-@yes_option
-@pass_ctl
-def redrive(
-    ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
-) -> None:
-    """Make dead letters owed again (attempts restart).
-
-    Run it after the bug is fixed.
-    """
-    _settle_dead(ctl, stream, group, records, everything, shard, yes, "redrive")
-
-
-@group.command("discard", epilog=examples(
-    "felixctl group discard jobs workers 0:15",
-    "felixctl group discard jobs workers --all --yes",
-    note="--all asks a person at a terminal for confirmation; run from a script it goes ahead.",
-))
-@stream_argument
-@group_argument
-@_DEAD_ARGS
-@_ALL
-@shard_option("With --all: only this shard.")
-@yes_option
-@pass_ctl
-def discard(
-    ctl: Ctl, stream: str, group: str, records: tuple[str, ...], everything: bool, shard: int | None, yes: bool
-) -> None:
-    """Drop dead letters for good (the records stay in the log)."""
-    _settle_dead(ctl, stream, group, records, everything, shard, yes, "discard")
+redrive = _dead_letter_command(
+    "redrive", "Make dead letters owed again (attempts restart).\n\nRun it after the bug is fixed.")
+discard = _dead_letter_command("discard", "Drop dead letters for good (the records stay in the log).")
