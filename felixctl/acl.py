@@ -92,9 +92,7 @@ def grant(
 @pass_ctl
 def install(ctl: Ctl) -> None:
     """Install this version's function library (every Cluster primary); prints its name."""
-    name = ctl.client.load_library()
-    click.echo(name)
-    click.echo(f"installed: function library {name}", err=True)
+    _load_library(ctl, "installed")
 
 
 @acl.command(
@@ -107,9 +105,14 @@ def install(ctl: Ctl) -> None:
 @pass_ctl
 def load_library(ctl: Ctl) -> None:
     """Load the felix-redis scripts as a Redis function library (every Cluster primary)."""
+    _load_library(ctl, "loaded")
+
+
+def _load_library(ctl: Ctl, done: str) -> None:
+    """Loads this version's function library; its name on stdout, what was done on stderr."""
     name = ctl.client.load_library()
     click.echo(name)
-    click.echo(f"loaded: function library {name}", err=True)
+    click.echo(f"{done}: function library {name}", err=True)
 
 
 @acl.command(
