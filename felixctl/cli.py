@@ -8,7 +8,15 @@ import click
 
 import felix_redis
 from felix_redis.constants import ENV_URL_FILE
-from felixctl.common import ENV_NAMESPACE, ENV_TENANT, Ctl, as_operation_error, choose_url, examples
+from felixctl.common import (
+    Ctl,
+    as_operation_error,
+    choose_url,
+    examples,
+    namespace_option,
+    tenant_option,
+    url_option,
+)
 
 
 class FelixctlGroup(click.Group):
@@ -40,21 +48,19 @@ class FelixctlGroup(click.Group):
         "on stderr), 2 on a usage error.",
     ),
 )
-@click.option(
-    "--redis-url", envvar="FELIX_REDIS_URL", show_envvar=True, default=None, metavar="URL",
-    help="redis://, rediss://, unix://, redis+sentinel://h:26379/service/db, redis+cluster://h:7000 or "
+@url_option(
+    "redis://, rediss://, unix://, redis+sentinel://h:26379/service/db, redis+cluster://h:7000 or "
     "memory:// (in this process only). Default: redis://localhost:6379/0. A password missing from the URL "
     "is taken from $FELIX_REDIS_PASSWORD.",
+    show_envvar=True,
 )
 @click.option(
     "--redis-url-file", envvar=ENV_URL_FILE, show_envvar=True, default=None, metavar="PATH",
     help="Read the Redis URL from this file (e.g. a mounted secret), keeping the password off the command "
     "line. Not together with --redis-url; $FELIX_REDIS_URL wins over $FELIX_REDIS_URL_FILE.",
 )
-@click.option("--tenant", envvar=ENV_TENANT, show_envvar=True, default="default", show_default=True,
-              help="Tenant of the streams addressed.")
-@click.option("--namespace", envvar=ENV_NAMESPACE, show_envvar=True, default="default", show_default=True,
-              help="Namespace of the streams addressed.")
+@tenant_option("Tenant of the streams addressed.", show_envvar=True)
+@namespace_option("Namespace of the streams addressed.", show_envvar=True)
 @click.version_option(felix_redis.__version__, "-V", "--version", prog_name="felixctl",
                       message="%(prog)s %(version)s (felix-redis)")
 @click.pass_context

@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -164,11 +163,6 @@ class Ctl:
             self._client = felix_redis.connect(self.url)
         return self._client
 
-    @property
-    def shown_url(self) -> str:
-        """The URL in use, safe to print."""
-        return redact_url(self.url or os.environ.get(ENV_URL) or DEFAULT_URL)
-
     def where(self, stream: str) -> tuple[str, str, str]:
         return self.tenant, self.namespace, stream
 
@@ -186,6 +180,24 @@ pass_ctl = click.make_pass_decorator(Ctl)
 
 
 # -- options declared once
+
+
+def url_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
+    """``--redis-url URL`` (``$FELIX_REDIS_URL``)."""
+    return click.option("--redis-url", envvar=ENV_URL, show_envvar=show_envvar, default=None, metavar="URL",
+                        help=help)
+
+
+def tenant_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
+    """``--tenant NAME`` (``$FELIX_TENANT``, else ``default``)."""
+    return click.option("--tenant", envvar=ENV_TENANT, show_envvar=show_envvar, default="default",
+                        show_default=True, help=help)
+
+
+def namespace_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
+    """``--namespace NAME`` (``$FELIX_NAMESPACE``, else ``default``)."""
+    return click.option("--namespace", envvar=ENV_NAMESPACE, show_envvar=show_envvar, default="default",
+                        show_default=True, help=help)
 
 stream_argument = click.argument("stream")
 group_argument = click.argument("group")

@@ -5,69 +5,48 @@ main group's context when there is one, else from their own options."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from felix_redis import FelixError
-from felixctl.common import one_line
-
-ENV_URL = "FELIX_REDIS_URL"
-ENV_TENANT = "FELIX_TENANT"
-ENV_NAMESPACE = "FELIX_NAMESPACE"
+from felix_redis._runtime import is_async_handler
+from felix_redis.constants import DEFAULT_GRACE_S, DEFAULT_POLL_WAIT_S
+from felix_redis.worker import Backoff
+from felixctl.common import Ctl, OperationError, as_operation_error, namespace_option, tenant_option, url_option
 
 __all__ = ["metrics", "worker"]
 
-
-@dataclass
-class Target:
-    """The connection and scope a command works in."""
-
-    url: str | None
-    tenant: str
-    namespace: str
+_BACKOFF = Backoff()
 
 
-def _target(ctx: click.Context, url: str | None, tenant: str, namespace: str) -> Target:
-    """Options given on this command's command line win; then the main group's context
-    (a dict or an object with url/tenant/namespace); then env vars and defaults."""
-    obj = ctx.obj
-    given = {
-        name: ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-        for name in ("redis_url", "tenant", "namespace")
-    }
+def _ctl(ctx: click.Context, redis_url: str | None, tenant: str, namespace: str) -> Ctl:
+    """The connection and scope the command works in: its own options given on its
+    command line win; then the main group's (``felixctl --tenant acme worker ...``);
+    then the environment and the defaults."""
+    main = ctx.find_object(Ctl)
 
-    def pick(param: str, key: str, own: Any) -> Any:
-        if obj is None or given[param]:
+    def pick(param: str, own: Any, attribute: str) -> Any:
+        if main is None or ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE:
             return own
-        value = obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+        value = getattr(main, attribute)
         return own if value is None else value
 
-    return Target(pick("redis_url", "url", url), pick("tenant", "tenant", tenant),
-                  pick("namespace", "namespace", namespace))
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"felixctl: error: {one_line(' '.join(message.split()))}", err=True)
-    raise click.exceptions.Exit(1)
+    return Ctl(pick("redis_url", redis_url, "url"), pick("tenant", tenant, "tenant"),
+               pick("namespace", namespace, "namespace"))
 
 
 def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--redis-url/--tenant/--namespace for use outside the main group."""
-    fn = click.option("--namespace", envvar=ENV_NAMESPACE, default="default", show_default=True,
-                      help="Namespace (default: the main group's).")(fn)
-    fn = click.option("--tenant", envvar=ENV_TENANT, default="default", show_default=True,
-                      help="Tenant (default: the main group's).")(fn)
-    return click.option("--redis-url", envvar=ENV_URL, default=None, metavar="URL",
-                        help="Redis URL (default: the main group's, else $FELIX_REDIS_URL).")(fn)
+    """--redis-url/--tenant/--namespace, for use outside the main group too."""
+    fn = namespace_option("Namespace (default: the main group's).")(fn)
+    fn = tenant_option("Tenant (default: the main group's).")(fn)
+    return url_option("Redis URL (default: the main group's, else $FELIX_REDIS_URL).")(fn)
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -85,11 +64,6 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("felix_redis").setLevel(chosen)
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
-    call = type(fn).__call__ if not inspect.isroutine(fn) else None
-    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
-
-
 @click.command()
 @click.argument("stream")
 @click.argument("group")
@@ -99,19 +73,19 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 @click.option("--consumer", default=None, help="A stable consumer name; a restart takes back its own records.")
 @click.option("--shards", default=None, metavar="LIST", help="Poll only these shards, e.g. 0,2,5-7 (default: all).")
 @click.option("--burst", is_flag=True, help="Exit once nothing is due and nothing is in flight.")
-@click.option("--grace", "grace_s", type=click.FloatRange(0), default=30.0, show_default=True,
+@click.option("--grace", "grace_s", type=click.FloatRange(0), default=DEFAULT_GRACE_S, show_default=True,
               help="Seconds running handlers may finish after SIGTERM/SIGINT.")
 @click.option("--hard-limit", "hard_limit_s", type=click.FloatRange(0, min_open=True), default=None,
               help="Stop extending the lease of a handler running this many seconds (async: cancel it).")
-@click.option("--poll-wait", "poll_wait_s", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
-              help="Seconds one poll waits for records.")
-@click.option("--backoff-base", type=click.FloatRange(0), default=1.0, show_default=True,
+@click.option("--poll-wait", "poll_wait_s", type=click.FloatRange(0, min_open=True), default=DEFAULT_POLL_WAIT_S,
+              show_default=True, help="Seconds one poll waits for records.")
+@click.option("--backoff-base", type=click.FloatRange(0), default=_BACKOFF.base_s, show_default=True,
               help="First retry delay, seconds.")
-@click.option("--backoff-factor", type=click.FloatRange(1), default=2.0, show_default=True,
+@click.option("--backoff-factor", type=click.FloatRange(1), default=_BACKOFF.factor, show_default=True,
               help="Growth of the retry delay per attempt.")
-@click.option("--backoff-max", type=click.FloatRange(0), default=300.0, show_default=True,
+@click.option("--backoff-max", type=click.FloatRange(0), default=_BACKOFF.max_s, show_default=True,
               help="Largest retry delay, seconds.")
-@click.option("--backoff-jitter", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+@click.option("--backoff-jitter", type=click.FloatRange(0, 1), default=_BACKOFF.jitter, show_default=True,
               help="Retry delays are shortened by up to this fraction at random.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve this worker's Prometheus metrics here.")
@@ -133,9 +107,9 @@ def worker(
     allowed attempt ends as a dead letter. An `async def` runs on an asyncio worker.
     SIGTERM or SIGINT stops gracefully (exit 0); a second one exits at once.
     """
-    from felix_redis.worker import Backoff, import_handler, parse_shards
+    from felix_redis.worker import import_handler, parse_shards
 
-    target = _target(ctx, redis_url, tenant, namespace)
+    ctl = _ctl(ctx, redis_url, tenant, namespace)
     _setup_logging(log_level)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -152,14 +126,14 @@ def worker(
         concurrency=concurrency, consumer=consumer, shards=shard_list, backoff=backoff, poll_wait_s=poll_wait_s,
         grace_s=grace_s, hard_limit_s=hard_limit_s, burst=burst, metrics=_worker_metrics(metrics_listen),
     )
-    where = (target.tenant, target.namespace, stream, group)
+    where = (ctl.tenant, ctl.namespace, stream, group)
     try:
-        if _is_async(fn):
-            asyncio.run(_run_async(target.url, where, fn, options))
+        if is_async_handler(fn):
+            asyncio.run(_run_async(ctl.url, where, fn, options))
         else:
-            _run_sync(target.url, where, fn, options)
+            _run_sync(ctl.url, where, fn, options)
     except (FelixError, ValueError) as exc:
-        _fail(str(exc))
+        raise as_operation_error(exc, ctl.known_url) or OperationError(" ".join(str(exc).split())) from None
 
 
 def _worker_metrics(listen: str | None) -> Any:
@@ -170,12 +144,12 @@ def _worker_metrics(listen: str | None) -> Any:
 
         from felix_redis.metrics import default_worker_metrics
     except ImportError:
-        _fail("--metrics-listen needs prometheus-client (pip install 'felix-redis[metrics]')")
+        raise OperationError("--metrics-listen needs prometheus-client (pip install 'felix-redis[metrics]')") from None
     host, port = _listen(listen)
     try:
         server, _thread = start_http_server(port, host)
     except OSError as exc:
-        _fail(f"cannot listen on {listen}: {exc}")
+        raise OperationError(f"cannot listen on {listen}: {exc}") from None
     bound_host, bound_port = server.server_address[:2]
     logging.getLogger("felix_redis.worker").info("serving worker metrics on http://%s:%s/metrics",
                                                  bound_host, bound_port)
@@ -212,21 +186,18 @@ def metrics(ctx: click.Context, listen: str, scope: str, redis_url: str | None, 
     try:
         from felix_redis.metrics import serve
     except ImportError:
-        _fail("the exporter needs prometheus-client (pip install 'felix-redis[metrics]')")
-    import felix_redis
-
-    target = _target(ctx, redis_url, tenant, namespace)
+        raise OperationError("the exporter needs prometheus-client (pip install 'felix-redis[metrics]')") from None
+    ctl = _ctl(ctx, redis_url, tenant, namespace)
     host, port = _listen(listen)
     stop = threading.Event()
-    client = felix_redis.connect(target.url)
     try:
         server, _registry = serve(
-            client, host, port,
-            tenant=target.tenant if scope != "all" else None,
-            namespace=target.namespace if scope == "namespace" else None,
+            ctl.client, host, port,
+            tenant=ctl.tenant if scope != "all" else None,
+            namespace=ctl.namespace if scope == "namespace" else None,
         )
     except OSError as exc:
-        _fail(f"cannot listen on {listen}: {exc}")
+        raise OperationError(f"cannot listen on {listen}: {exc}") from None
     bound_host, bound_port = server.server_address[:2]
     click.echo(f"serving metrics on http://{bound_host}:{bound_port}/metrics", err=True)
     click.echo(f"{bound_host}:{bound_port}")
@@ -239,7 +210,7 @@ def metrics(ctx: click.Context, listen: str, scope: str, redis_url: str | None, 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.shutdown()
-        client.close()
+        ctl.close()
 
 
 @click.group()

@@ -20,6 +20,7 @@ import felix_redis.asyncio as aio
 from felix_redis import Record
 from felix_redis.aioworker import AsyncWorker
 from felix_redis.worker import Backoff, Fatal, Retry, Worker, decide, import_handler, parse_shards
+from felixctl.common import Ctl
 from felixctl.worker_cmd import metrics as metrics_cmd
 from felixctl.worker_cmd import worker as worker_cmd
 
@@ -417,7 +418,7 @@ def test_cli_worker_burst_with_context_from_the_main_group(
     @click.group()
     @click.pass_context
     def main(ctx: click.Context) -> None:
-        ctx.obj = {"url": redis_url, "tenant": T, "namespace": N}
+        ctx.obj = Ctl(redis_url, T, N)
 
     main.add_command(worker_cmd)
     result = CliRunner().invoke(main, ["worker", S, G, "tests.support.worker_jobs:handle", "--burst"])
