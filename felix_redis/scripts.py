@@ -40,9 +40,10 @@ _INCLUDE_RE = re.compile(r'^---\s*@include\s+"([A-Za-z0-9_/]+)"\s*$')
 _PRELUDE = "prelude"
 
 #: Turns main()'s outcome into the reply: errors raised by fail() (and Redis errors)
-#: become clean error replies, on Redis and on fakeredis alike.
-_FINISH = """
-local function finish(ok, result)
+#: become clean error replies, on Redis and on fakeredis alike. (Named apart from the
+#: includes' functions: lua/includes/acks.lua has a finish of its own.)
+_REPLY = """
+local function reply_of(ok, result)
   if ok then return result end
   if type(result) == 'table' then
     if result.felix then return redis.error_reply(result.felix) end
@@ -52,7 +53,7 @@ local function finish(ok, result)
 end
 """
 
-_EPILOGUE = _FINISH + "return finish(pcall(main))\n"
+_EPILOGUE = _REPLY + "return reply_of(pcall(main))\n"
 
 
 #: Scripts that never write: as functions they carry the ``no-writes`` flag, so they run
@@ -175,7 +176,7 @@ def library() -> Library:
     scripts = load_all()
     digest = hashlib.sha1("\0".join(s.source for s in scripts.values()).encode()).hexdigest()[:12]
     name = f"felix_{digest}"
-    parts = [f"#!lua name={name}", "-- felix-redis: the scripts of lua/ as functions", "local KEYS, ARGV", _FINISH]
+    parts = [f"#!lua name={name}", "-- felix-redis: the scripts of lua/ as functions", "local KEYS, ARGV", _REPLY]
     functions = {}
     for script, src in scripts.items():
         fn = f"{name}_{script}"
@@ -188,7 +189,7 @@ def library() -> Library:
             f"redis.register_function{{function_name = '{fn}', callback = function(keys, args)\n"
             f"  KEYS, ARGV = keys, args\n"
             f"  if not main then main = factory() end\n"
-            f"  return finish(pcall(main))\n"
+            f"  return reply_of(pcall(main))\n"
             f"end{flags}}}\n"
             f"end"
         )

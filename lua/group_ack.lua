@@ -25,6 +25,7 @@
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard, group; an offset never delivered), FELIX_INVALID,
 -- FELIX_WRONGTYPE. All offsets are checked before anything is written.
 --- @include "group"
+--- @include "acks"
 require_group_role('group.consume')
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
 local ms, offs = offset_args(1)

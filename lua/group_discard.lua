@@ -25,6 +25,7 @@
 -- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND (group; an offset that is not a dead letter), FELIX_INVALID,
 -- FELIX_WRONGTYPE. In 'list' mode every offset is checked before anything is written.
 --- @include "group"
+--- @include "dead_letters"
 require_group_role('group.manage')
 local K = group_keys()
 load_group(K)

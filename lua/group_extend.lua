@@ -24,6 +24,7 @@
 -- Returns: the new lease expiry, ms since the epoch.
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_STALE_CLAIM, FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
+--- @include "acks"
 require_group_role('group.consume')
 local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)

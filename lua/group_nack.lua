@@ -25,6 +25,7 @@
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_STALE_CLAIM (lease lapsed, redelivered or finished), FELIX_NOT_FOUND,
 -- FELIX_INVALID (negative or huge delay, bad number), FELIX_WRONGTYPE.
 --- @include "group"
+--- @include "dead_letters"
 require_group_role('group.consume')
 local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)

@@ -33,6 +33,7 @@
 -- an offset to ack never delivered), FELIX_INVALID, FELIX_WRONGTYPE. All arguments,
 -- the acks' offsets included, are checked before anything is written.
 --- @include "group"
+--- @include "dead_letters"
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'

@@ -26,6 +26,7 @@
 -- record trimmed from the log), FELIX_INVALID, FELIX_WRONGTYPE. In 'list' mode every
 -- offset is checked before anything is written.
 --- @include "group"
+--- @include "dead_letters"
 require_group_role('group.manage')
 local K = group_keys()
 local S = load_group(K)

@@ -1,0 +1,215 @@
+-- acks: finishing records (acks) and checking claims (nack, extend, dead letter).
+
+--- @include "leases"
+--- @include "runs"
+
+-- Finishes record off: drops its lease or owed entry, attempts and owner.
+local function finish(K, S, off)
+  local m = fmt(off)
+  if unlease(K, {off}) == 0 then redis.call('ZREM', K.owed, m) end
+  redis.call('HDEL', K.attempts, m)
+  release_owner(K, S, m)
+  mark_done(K, S, off)
+end
+
+-- Finishes many records at once (ack): ms are members known to be unfinished (offs, if
+-- given: their offsets in ascending order; aligned: ms is in that same order). Their
+-- lease or owed entries must already be removed; a missing attempts hash or done key
+-- costs no command. The position walks over the sorted offsets without set operations
+-- when they continue it (in-order acks); the done runs are looked at only when the
+-- position moved (the position itself is never finished, so never in a run).
+local function finish_many(K, S, ms, offs, aligned)
+  if K.types.attempts ~= 'none' then call_many('HDEL', K.attempts, ms) end
+  if S.cons then
+    local owners = call_many('HMGET', K.owner, ms)
+    local held = {}
+    for i, c in ipairs(owners) do if c then held[#held + 1] = c .. '|' .. ms[i] end end
+    if #held > 0 then
+      call_many('HDEL', K.owner, ms)
+      call_many('ZREM', K.byowner, held)
+    end
+  end
+  if not offs then
+    offs = {}
+    for i, m in ipairs(ms) do offs[i] = tonumber(m) end
+    table.sort(offs)
+  end
+  local below, above = {}, {}
+  local start_pos = S.pos
+  local n = #offs
+  if aligned and offs[1] == start_pos and offs[n] == start_pos + n - 1 then
+    -- ascending and without repeats: a contiguous run from the position (in-order acks)
+    S.pos = start_pos + n
+  elseif offs[1] > start_pos then
+    -- all above the position (a record before them is still unfinished, the usual
+    -- case while one is held back): remembered as runs
+    above = offs
+  else
+    for i, off in ipairs(offs) do
+      if off < start_pos then
+        below[#below + 1] = aligned and ms[i] or fmt(off)
+      elseif off == S.pos then
+        S.pos = off + 1
+      else
+        above[#above + 1] = off
+      end
+    end
+  end
+  if #below > 0 then call_many('ZREM', K.redo, below) end
+  local m = #above
+  if m > 0 and above[m] - above[1] == m - 1 then
+    -- one stretch (a poll's records acked together, the usual case)
+    add_run(K, S, above[1], above[m])
+  elseif m > 0 then
+    each_stretch(above, function(a, b) add_run(K, S, a, b) end)
+  end
+  if S.pos ~= start_pos then
+    advance_done(K, S)
+    S.dirty = true
+  end
+end
+
+-- 10^k for k = 0..16: an integer x is written with exactly d digits when
+-- POW10[d - 1] <= x < POW10[d] (d > 1) or x < 10 (d = 1).
+local POW10 = {}
+
+for k = 0, 16 do POW10[k] = 10 ^ k end
+
+-- The offsets ARGV[from..] as canonical decimal members (the form the zsets, hashes and
+-- sets hold) and as numbers: ms, offs. Fails INVALID on anything that is not an offset;
+-- writes nothing. An argument is taken as it is when tonumber reads a whole number
+-- with as many digits as the argument has characters (no sign, space, point or leading
+-- zero) and the list holds no exponent or hex letter (one plain search over it all);
+-- anything else takes the checking path, which also reads '01' as 1.
+local function offset_args(from)
+  local last = #ARGV
+  local ms, offs, n = {}, {}, 0
+  local quick = last - from < 7000
+  if quick then
+    local all = table.concat(ARGV, '', from, last)
+    quick = not (s_find(all, 'e', 1, true) or s_find(all, 'E', 1, true) or s_find(all, 'x', 1, true)
+      or s_find(all, 'X', 1, true))
+  end
+  if quick then
+    for i = from, last do
+      local v = ARGV[i]
+      local d = #v
+      local x = d <= 15 and tonumber(v)
+      if not x or x < 0 or x % 1 ~= 0 or x >= POW10[d] or (d > 1 and x < POW10[d - 1]) then
+        quick = false
+        break
+      end
+      n = n + 1
+      ms[n], offs[n] = v, x
+    end
+  end
+  if not quick then
+    ms, offs, n = {}, {}, 0
+    for i = from, last do
+      local v = ARGV[i]
+      local x = int_arg(v, 'offset', 0, 2 ^ 52)
+      n = n + 1
+      ms[n], offs[n] = fmt(x), x
+    end
+  end
+  return ms, offs
+end
+
+-- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state
+-- behind and the position advances over any contiguous run of finished records. Acking
+-- a finished record changes nothing; acking a stale claim whose record is unfinished
+-- (owed, or in flight under a newer lease) finishes it. Fails NOT_FOUND, before its
+-- first write, when an offset was never delivered. With statuses, returns one status
+-- per member: 1 acked now, 0 already finished (or repeated in ms). The caller saves S
+-- (save_group).
+local function ack_many(K, S, ms, offs, statuses)
+  -- offsets in strictly ascending order (a poll's records usually are) repeat none: no
+  -- table of the members seen is needed
+  local n = #ms
+  local ascending, last, next_off = true, -1, S.next
+  for i = 1, n do
+    local off = offs[i]
+    if off >= next_off then
+      fail('NOT_FOUND', 'record ' .. ms[i] .. ' has not been delivered to this group (next is ' .. fmt(next_off) .. ')')
+    end
+    if off <= last then ascending = false end
+    last = off
+  end
+  local uniq, first = ms, nil
+  if not ascending then
+    local given = offs
+    uniq, first, offs = {}, {}, {}
+    for i = 1, n do
+      local m = ms[i]
+      if not first[m] then
+        first[m] = i
+        uniq[#uniq + 1] = m
+        offs[#offs + 1] = given[i]
+      end
+    end
+    table.sort(offs)
+  end
+  -- unfinished = in flight (lease) or owed; anything else delivered is finished already
+  local unfinished = uniq
+  local removed, taken = unlease(K, offs)
+  local finished = nil
+  if removed < #uniq then
+    -- some were owed or finished: tell them apart. The done runs and the redo marks are
+    -- untouched so far, so is_finished still answers for the state before this ack.
+    unfinished, finished = {}, {}
+    local owed, owed_scores = {}, {}
+    if K.types.owed ~= 'none' then owed_scores = call_many('ZMSCORE', K.owed, uniq) end
+    for j, m in ipairs(uniq) do
+      if taken[tonumber(m)] then
+        unfinished[#unfinished + 1] = m
+      elseif owed_scores[j] then
+        owed[#owed + 1] = m
+        unfinished[#unfinished + 1] = m
+      elseif not is_finished(K, S, m, tonumber(m)) then
+        unfinished[#unfinished + 1] = m
+      else
+        finished[m] = true
+      end
+    end
+    if #owed > 0 then call_many('ZREM', K.owed, owed) end
+  end
+  local out = nil
+  if statuses then
+    out = {}
+    for i, m in ipairs(ms) do
+      out[i] = ((not first or first[m] == i) and not (finished and finished[m])) and 1 or 0
+    end
+  end
+  if #unfinished > 0 then
+    -- in order (uniq itself, all unfinished): offs lines up with the members
+    if unfinished ~= uniq then offs = nil end
+    finish_many(K, S, unfinished, offs, offs and ascending)
+  end
+  return out
+end
+
+-- The claim (off, attempts) must be current: record in flight, same attempts, lease
+-- not lapsed. Returns the record's member string and its lease {first, last, expiry}
+-- (for unlease); fails STALE_CLAIM otherwise.
+local function check_claim(K, S, off, attempts, now)
+  local m = fmt(off)
+  if off >= S.tail then
+    fail('NOT_FOUND', 'offset ' .. m .. ' does not exist (the tail is ' .. fmt(S.tail) .. ')')
+  end
+  local first, last = lease_holding(K, off)
+  local expiry = first and redis.call('ZSCORE', K.lease, fmt(first))
+  if not expiry then
+    if off >= S.next then fail('STALE_CLAIM', 'record ' .. m .. ' has not been delivered') end
+    if is_finished(K, S, m, off) then fail('STALE_CLAIM', 'record ' .. m .. ' is already finished') end
+    fail('STALE_CLAIM', 'record ' .. m .. ' is not in flight (its lease lapsed or it was nacked)')
+  end
+  local current = tonumber(redis.call('HGET', K.attempts, m)) or 1
+  if current ~= attempts then
+    fail('STALE_CLAIM', 'the claim of record ' .. m .. ' with attempts ' .. fmt(attempts) .. ' is stale: '
+      .. 'the record was delivered again (attempts now ' .. fmt(current) .. ')')
+  end
+  if tonumber(expiry) <= now then
+    fail('STALE_CLAIM', 'the lease on record ' .. m .. ' lapsed')
+  end
+  return m, {first, last, expiry}
+end
