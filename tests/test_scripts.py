@@ -23,13 +23,21 @@ ARGV_LINE = re.compile(r"^--\s*ARGV\[(\d+)(\.\.)?\]\s+(\w+)", re.M)
 ARGV_RANGE = re.compile(r"^--\s*ARGV\[(\d+)\.\.(\d*)\]", re.M)
 
 
-def header(name: str) -> str:
-    """The leading comment block of lua/<name>.lua."""
+#: A script's header line that stands for the group key block, which
+#: lua/includes/group.lua's header describes key by key (written once, there).
+GROUP_BLOCK = re.compile(r"^--\s*KEYS\[1\.\.13\]: the group key block\b")
+
+
+def header(name: str, root: Path = LUA) -> str:
+    """The leading comment block of lua/<name>.lua, the group key block line expanded
+    to the block's KEYS lines from includes/group.lua."""
     lines = []
-    for line in (LUA / f"{name}.lua").read_text().splitlines():
+    for line in (root / f"{name}.lua").read_text().splitlines():
         if not line.startswith("--") or line.startswith("--- @include"):
             break
         lines.append(line)
+        if GROUP_BLOCK.match(line):
+            lines += [m.group(0) for m in KEY_LINE.finditer(header("includes/group", root))]
     return "\n".join(lines)
 
 
@@ -260,7 +268,7 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
         roles = [key_role(k) for k in op.keys]
         if name == "stream_delete":
             # KEYS[5..]: one key per group role per group, in GROUP_ROLES order, and
-            # nothing else (no producer keys of an earlier layout)
+            # nothing else (no producer keys)
             assert roles[:4] == documented == ["meta", "log", "groups", "conf"]
             groups = roles[4:]
             assert "producer" not in groups
@@ -289,6 +297,9 @@ def test_the_group_scripts_are_found() -> None:
 
 @pytest.mark.parametrize("name", GROUP_SCRIPTS)
 def test_group_scripts_take_shard_and_group_roles_in_order(name: str) -> None:
+    raw = [line for line in (LUA / f"{name}.lua").read_text().splitlines() if line.startswith("--")]
+    assert sum(bool(GROUP_BLOCK.match(line)) for line in raw) == 1  # the block is named once ...
+    assert not [line for line in raw if KEY_LINE.match(line) and int(KEY_LINE.match(line)[1]) <= 13]  # not written out
     documented = tuple(role for _, role in KEY_LINE.findall(header(name)))
     assert documented[:len(SHARD_ROLES + GROUP_ROLES)] == SHARD_ROLES + GROUP_ROLES
     assert documented[len(SHARD_ROLES + GROUP_ROLES):] in ((), ("groups",))
