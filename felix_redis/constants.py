@@ -48,8 +48,6 @@ MAX_ATTEMPTS_LIMIT = 1_000_000
 #: Largest nack delay / lease extension: 7 days.
 MAX_DELAY_MS = 7 * 24 * 3_600_000
 MAX_REASON_BYTES = 4096
-#: Dead letters redriven or discarded per script call when ``offsets=None``.
-REDRIVE_CHUNK = 1000
 
 KINDS = ("queue", "stream")
 CONSISTENCY_LEVELS = ("leader", "quorum", "all")

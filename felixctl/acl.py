@@ -92,27 +92,9 @@ def grant(
 @pass_ctl
 def install(ctl: Ctl) -> None:
     """Install this version's function library (every Cluster primary); prints its name."""
-    _load_library(ctl, "installed")
-
-
-@acl.command(
-    "load-library",
-    epilog=examples(
-        "felixctl acl load-library",
-        note="The same as felixctl install (kept for scripts written for earlier versions).",
-    ),
-)
-@pass_ctl
-def load_library(ctl: Ctl) -> None:
-    """Load the felix-redis scripts as a Redis function library (every Cluster primary)."""
-    _load_library(ctl, "loaded")
-
-
-def _load_library(ctl: Ctl, done: str) -> None:
-    """Loads this version's function library; its name on stdout, what was done on stderr."""
     name = ctl.client.load_library()
     click.echo(name)
-    click.echo(f"{done}: function library {name}", err=True)
+    click.echo(f"installed: function library {name}", err=True)
 
 
 @acl.command(

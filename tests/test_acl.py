@@ -354,20 +354,20 @@ def test_a_role_on_one_group_cannot_be_used_on_another_groups_keys(
     u.group_redrive(*a, 0, "other")  # the role it holds, on that group's own keys
 
 
-def test_cli_load_library_as_admin_lets_roles_call_the_functions(
+def test_cli_install_as_admin_lets_roles_call_the_functions(
         admin: felix_redis.Client, make_user: Any, raw: redis.Redis, redis_url: str) -> None:
-    """felixctl acl load-library: the default user loads the library; a role's client
+    """felixctl install: the default user loads the library; a role's client
     then calls it; a role itself may not load it (one 'felixctl: error:' line, exit 1)."""
     raw.function_flush()
     u = make_user(("group.consume", "acme", "jobs", "workers"))
     runner = CliRunner()
     user = u.redis.connection_pool.connection_kwargs["username"]
-    denied = runner.invoke(cli, ["--redis-url", user_url(redis_url, user), "acl", "load-library"])
+    denied = runner.invoke(cli, ["--redis-url", user_url(redis_url, user), "install"])
     assert denied.exit_code == 1, denied.output
     (line,) = denied.stderr.strip().splitlines()
     assert line.startswith("felixctl: error:") and "loading library felix_" in line
     assert not raw.function_list()
-    loaded = runner.invoke(cli, ["--redis-url", redis_url, "acl", "load-library"])
+    loaded = runner.invoke(cli, ["--redis-url", redis_url, "install"])
     assert loaded.exit_code == 0, loaded.output
     name = loaded.stdout.strip()
     assert name == felix_redis.scripts.library().name

@@ -281,28 +281,11 @@ class FelixSharded(Felix):
             group.ack_many(items)
 
 
-def _worker_class() -> Any:
-    """``felix_redis.Worker``, or the runtime's own module while it is not re-exported."""
-    import felix_redis
-
-    cls = getattr(felix_redis, "Worker", None)
-    if cls is None:
-        try:
-            from felix_redis.worker import Worker as cls
-        except ImportError:
-            raise Unavailable("felix_redis has no Worker yet") from None
-    return cls
-
-
 class FelixWorker(Felix):
     """The ``felix_redis.Worker`` runtime: ``concurrency`` handler threads per process."""
 
     name = "felix-worker"
     uses = ("publish_batch",)
-
-    def setup(self) -> None:
-        super().setup()
-        _worker_class()
 
     def scenarios(self) -> list[Scenario]:
         return RedisSystem.scenarios(self)[1:3]
@@ -310,10 +293,12 @@ class FelixWorker(Felix):
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
 
+        from felix_redis import Worker
+
         def handler(record: Any) -> None:
             job(_sent(record))
 
-        runtime = _worker_class()(
+        runtime = Worker(
             client,
             *NAME,
             GROUP,
