@@ -124,7 +124,8 @@ MUTATIONS: list[Mutation] = [
              f"{G} -k 'test_3 and redis'",
              "a reclaimed record is not due at once"),
     # ---- 4. bounded retries (the `>=` at max attempts)
-    mutation("M10", "4", "lua/group_poll.lua", "  if a < S.max then return false end", "  if a <= S.max then return false end",
+    mutation("M10", "4", "lua/group_poll.lua",
+             "  if a < S.max then return false end", "  if a <= S.max then return false end",
              f"{G} tests/test_model.py -k 'redis and (test_4 or test_group_semantics_match_the_model and not long)'",
              "a record at max_attempts (reclaimed, lapsed, or due past a lowered max) is delivered once more"),
     mutation("M12", "4", "lua/group_nack.lua",
@@ -281,7 +282,8 @@ MUTATIONS: list[Mutation] = [
              "tests/test_attacks.py -k 'load_or_run_code or stall'",
              "roles may load and run Lua of their own"),
     mutation("M36", "worker", "felix_redis/_runtime.py",
-             "                yield Call(self._group.extend, job.item)\n", "                yield Call(self._sleep, 0.0)\n",
+             "                yield Call(self._group.extend, job.item)\n",
+             "                yield Call(self._sleep, 0.0)\n",
              "tests/test_worker.py -k extended",
              "the worker never extends the leases of running handlers"),
 ]
