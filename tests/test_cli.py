@@ -16,7 +16,8 @@ import felix_redis
 import felixctl.common as felixctl_common
 from felix_redis import shard_for_key
 from felixctl.cli import cli
-from felixctl.common import escape_payload, unescape_payload
+from felixctl.common import escape_payload
+from tests.support.payloads import unescape_payload
 
 Run = Callable[..., Result]
 

@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 
 import felix_redis
 from felixctl.cli import cli
-from felixctl.common import escape_payload, table, unescape_payload, visible
+from felixctl.common import escape_payload, table, visible
+from tests.support.payloads import unescape_payload
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 FORGED = "bad card\n0:99   1  2026-01-01T00:00:00+00:00  all fine\tok"
