@@ -37,7 +37,7 @@ from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
 from felix_redis.models import GroupInfo, Record
 
 if TYPE_CHECKING:
-    from felix_redis.client import Item
+    from felix_redis._driver import Item
     from felix_redis.metrics import BoundWorkerMetrics, WorkerMetrics
 
 log = logging.getLogger("felix_redis.worker")
