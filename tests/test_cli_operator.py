@@ -1,0 +1,64 @@
+"""What an operator meets, tried as a new user would (issue 25, "CLI and docs"): the
+README's snippet, `--help` texts, exit statuses, what goes to stdout and stderr. Each
+CLI check runs ``felixctl`` as a real process, as a person or a script would."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+import felix_redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(redis_url: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FELIX_")}
+    if redis_url is not None:
+        env["FELIX_REDIS_URL"] = redis_url
+    return env
+
+
+def felixctl(*args: str, redis_url: str | None = None, input: bytes | None = None,
+             timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+    """One ``felixctl`` run, stdout and stderr pipes (not terminals)."""
+    return subprocess.run([sys.executable, "-m", "felixctl", *args], input=input, capture_output=True,
+                          timeout=timeout, env=_env(redis_url), cwd=ROOT)
+
+
+def ok(result: subprocess.CompletedProcess[bytes]) -> str:
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return result.stdout.decode()
+
+
+# -- README
+
+
+def readme_snippet() -> str:
+    """The README's Python snippet, as a reader copies it."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "the README has one Python snippet"
+    return str(blocks[0])
+
+
+def test_readme_snippet_runs_again_and_again(raw: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    """Run twice, as a reader trying it does: the second run finds the stream and group
+    and still publishes and handles its job (no GroupExists, no NameError in handle)."""
+    script = tmp_path / "snippet.py"
+    script.write_text(readme_snippet())
+    for run in (1, 2):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                              env=_env(redis_url), cwd=tmp_path)
+        assert done.returncode == 0, (run, done.stderr)
+        assert "Traceback" not in done.stderr, (run, done.stderr)
+        assert done.stdout.count("sending the receipt for") == 1, (run, done.stdout)
+    with felix_redis.connect(redis_url) as client:
+        info = client.group_describe("acme", "prod", "jobs", "workers")
+    # both jobs handled and acked: nothing left, nothing nacked
+    assert (info.lag, info.owed, info.in_flight, info.dead) == (0, 0, 0, 0)
