@@ -188,16 +188,18 @@ def url_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
                         help=help)
 
 
-def tenant_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
-    """``--tenant NAME`` (``$FELIX_TENANT``, else ``default``)."""
+def tenant_option(help: str, *, show_envvar: bool = False, show_default: bool = True) -> Callable[[F], F]:
+    """``--tenant NAME`` (``$FELIX_TENANT``, else ``default``); ``show_default=False`` when
+    ``help`` says the default itself."""
     return click.option("--tenant", envvar=ENV_TENANT, show_envvar=show_envvar, default="default",
-                        show_default=True, help=help)
+                        show_default=show_default, help=help)
 
 
-def namespace_option(help: str, *, show_envvar: bool = False) -> Callable[[F], F]:
-    """``--namespace NAME`` (``$FELIX_NAMESPACE``, else ``default``)."""
+def namespace_option(help: str, *, show_envvar: bool = False, show_default: bool = True) -> Callable[[F], F]:
+    """``--namespace NAME`` (``$FELIX_NAMESPACE``, else ``default``); ``show_default=False``
+    when ``help`` says the default itself."""
     return click.option("--namespace", envvar=ENV_NAMESPACE, show_envvar=show_envvar, default="default",
-                        show_default=True, help=help)
+                        show_default=show_default, help=help)
 
 stream_argument = click.argument("stream")
 group_argument = click.argument("group")

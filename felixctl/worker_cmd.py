@@ -19,7 +19,15 @@ from felix_redis import FelixError
 from felix_redis._runtime import is_async_handler
 from felix_redis.constants import DEFAULT_GRACE_S, DEFAULT_POLL_WAIT_S
 from felix_redis.worker import Backoff
-from felixctl.common import Ctl, OperationError, as_operation_error, namespace_option, tenant_option, url_option
+from felixctl.common import (
+    Ctl,
+    OperationError,
+    as_operation_error,
+    examples,
+    namespace_option,
+    tenant_option,
+    url_option,
+)
 
 __all__ = ["metrics", "worker"]
 
@@ -44,9 +52,11 @@ def _ctl(ctx: click.Context, redis_url: str | None, tenant: str, namespace: str)
 
 def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--redis-url/--tenant/--namespace, for use outside the main group too."""
-    fn = namespace_option("Namespace (default: the main group's).")(fn)
-    fn = tenant_option("Tenant (default: the main group's).")(fn)
-    return url_option("Redis URL (default: the main group's, else $FELIX_REDIS_URL).")(fn)
+    fn = namespace_option("Namespace (default: felixctl's --namespace, else $FELIX_NAMESPACE, else 'default').",
+                          show_default=False)(fn)
+    fn = tenant_option("Tenant (default: felixctl's --tenant, else $FELIX_TENANT, else 'default').",
+                       show_default=False)(fn)
+    return url_option("Redis URL (default: felixctl's --redis-url, else $FELIX_REDIS_URL).")(fn)
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -64,7 +74,12 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("felix_redis").setLevel(chosen)
 
 
-@click.command()
+@click.command(epilog=examples(
+    "felixctl --tenant acme --namespace prod worker jobs workers myapp.tasks:handle --concurrency 8",
+    "felixctl worker jobs workers myapp.tasks:handle --burst          # exit once the queue is drained",
+    "felixctl worker jobs workers myapp.tasks:handle --metrics-listen 127.0.0.1:9109",
+    note="MODULE is imported from the current directory too. See docs/worker.md.",
+))
 @click.argument("stream")
 @click.argument("group")
 @click.argument("handler", metavar="MODULE:FUNCTION")
@@ -172,7 +187,12 @@ async def _run_async(url: str | None, where: tuple[str, str, str, str], fn: Any,
         await AsyncWorker(client, *where, fn, **options).run()
 
 
-@click.command()
+@click.command(epilog=examples(
+    "felixctl metrics                                  # on 127.0.0.1:9108, every stream",
+    "felixctl --tenant acme metrics --scope tenant --listen 127.0.0.1:9200",
+    "felixctl metrics --listen 127.0.0.1:0             # any free port, printed as HOST:PORT",
+    note="Prints the HOST:PORT it serves /metrics on, one line on stdout. See docs/worker.md.",
+))
 @click.option("--listen", default="127.0.0.1:9108", show_default=True, metavar="HOST:PORT",
               help="Where to serve /metrics (port 0: any free port, printed on start).")
 @click.option("--scope", type=click.Choice(["all", "tenant", "namespace"]), default="all", show_default=True,

@@ -62,3 +62,15 @@ def test_readme_snippet_runs_again_and_again(raw: redis.Redis, redis_url: str, t
         info = client.group_describe("acme", "prod", "jobs", "workers")
     # both jobs handled and acked: nothing left, nothing nacked
     assert (info.lag, info.owed, info.in_flight, info.dead) == (0, 0, 0, 0)
+
+
+# -- --help
+
+
+def test_worker_and_metrics_help_say_their_defaults_once_and_have_examples() -> None:
+    for command in ("worker", "metrics"):
+        text = " ".join(ok(felixctl(command, "--help")).split())
+        assert "[default: default]" not in text, command  # the default is said in the help itself
+        assert "Tenant (default: felixctl's --tenant, else $FELIX_TENANT, else 'default')." in text
+        assert "Examples:" in text, command
+        assert re.search(rf"felixctl (--tenant \S+ )?{command}\b", text.split("Examples:")[1]), command
