@@ -5,6 +5,7 @@ main group's context when there is one, else from their own options."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -64,6 +65,21 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def exposure_warning(bound_host: str, bound_port: int, option: str) -> str | None:
+    """What to say when metrics are served beyond this machine: any address but a
+    loopback one (``:PORT`` and ``0.0.0.0`` are every interface). The metrics name
+    tenants, streams and groups, and /metrics has no authentication."""
+    try:
+        if ipaddress.ip_address(bound_host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    where = "every interface" if bound_host in ("0.0.0.0", "::") else bound_host
+    return (f"serving metrics on {where} (port {bound_port}), without authentication: whoever reaches "
+            f"this port reads the tenant, stream and group names and counts; give {option} "
+            f"127.0.0.1:{bound_port} to serve this machine only")
 
 
 def _setup_logging(level: str) -> None:
@@ -166,8 +182,11 @@ def _worker_metrics(listen: str | None) -> Any:
     except OSError as exc:
         raise OperationError(f"cannot listen on {listen}: {exc}") from None
     bound_host, bound_port = server.server_address[:2]
-    logging.getLogger("felix_redis.worker").info("serving worker metrics on http://%s:%s/metrics",
-                                                 bound_host, bound_port)
+    log = logging.getLogger("felix_redis.worker")
+    log.info("serving worker metrics on http://%s:%s/metrics", bound_host, bound_port)
+    warning = exposure_warning(str(bound_host), int(bound_port), "--metrics-listen")
+    if warning:
+        log.warning("%s", warning)
     return default_worker_metrics()
 
 
@@ -194,7 +213,8 @@ async def _run_async(url: str | None, where: tuple[str, str, str, str], fn: Any,
     note="Prints the HOST:PORT it serves /metrics on, one line on stdout. See docs/worker.md.",
 ))
 @click.option("--listen", default="127.0.0.1:9108", show_default=True, metavar="HOST:PORT",
-              help="Where to serve /metrics (port 0: any free port, printed on start).")
+              help="Where to serve /metrics (port 0: any free port, printed on start). ':PORT' or "
+              "0.0.0.0:PORT serves every interface, with a warning: /metrics has no authentication.")
 @click.option("--scope", type=click.Choice(["all", "tenant", "namespace"]), default="all", show_default=True,
               help="Export every stream, those of the tenant, or those of the tenant and namespace.")
 @connection_options
@@ -219,11 +239,14 @@ def metrics(ctx: click.Context, listen: str, scope: str, redis_url: str | None, 
     except OSError as exc:
         raise OperationError(f"cannot listen on {listen}: {exc}") from None
     bound_host, bound_port = server.server_address[:2]
-    click.echo(f"serving metrics on http://{bound_host}:{bound_port}/metrics", err=True)
-    click.echo(f"{bound_host}:{bound_port}")
-    sys.stdout.flush()
+    warning = exposure_warning(bound_host, bound_port, "--listen")
+    if warning:
+        click.echo(f"felixctl: warning: {warning}", err=True)
+    # the handlers first: whoever read the address may stop the exporter at once
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        click.echo(f"{bound_host}:{bound_port}")  # once, for people and for scripts (port 0)
+        sys.stdout.flush()
         while not stop.wait(1.0):
             pass
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,49 @@ def test_worker_and_metrics_help_say_their_defaults_once_and_have_examples() -> 
         assert "Tenant (default: felixctl's --tenant, else $FELIX_TENANT, else 'default')." in text
         assert "Examples:" in text, command
         assert re.search(rf"felixctl (--tenant \S+ )?{command}\b", text.split("Examples:")[1]), command
+
+
+# -- metrics
+
+
+def _metrics_run(redis_url: str, listen: str) -> tuple[str, str]:
+    """``felixctl metrics --listen LISTEN`` until it has started, then SIGTERM: its stdout
+    and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "felixctl", "metrics", "--listen", listen],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(redis_url), cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    return first + rest, err
+
+
+def test_metrics_prints_its_address_once(raw: redis.Redis, redis_url: str) -> None:
+    out, err = _metrics_run(redis_url, "127.0.0.1:0")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+\n", out), out
+    assert err == ""  # no second copy of the address, no warning on loopback
+
+
+def test_metrics_warns_when_it_listens_beyond_loopback(raw: redis.Redis, redis_url: str) -> None:
+    out, err = _metrics_run(redis_url, ":0")
+    assert re.fullmatch(r"0\.0\.0\.0:\d+\n", out), out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("felixctl: warning: serving metrics on every interface"), err
+    assert "without authentication" in err and "--listen 127.0.0.1:" in err
+
+
+def test_exposure_warning_only_beyond_loopback() -> None:
+    from felixctl.worker_cmd import exposure_warning
+
+    for host in ("127.0.0.1", "127.0.0.53", "::1"):
+        assert exposure_warning(host, 9108, "--listen") is None, host
+    for host in ("0.0.0.0", "::", "10.0.0.5", "192.168.1.2"):
+        said = exposure_warning(host, 9108, "--metrics-listen")
+        assert said is not None and "--metrics-listen 127.0.0.1:9108" in said, host
