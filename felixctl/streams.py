@@ -38,7 +38,9 @@ def stream() -> None:
 )
 @stream_argument
 @click.option("--kind", type=click.Choice(KINDS), default="queue", show_default=True,
-              help="queue: read through groups; stream: read by subscribers too.")
+              help="Both are read through groups and by `felixctl sub`; they differ in retention. queue: "
+              "--retention-mode decides (safe: never trims what a group has not finished); stream: the "
+              "limits always win, as in bounded mode.")
 @click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="Number of shards.")
 @click.option("--replication", type=click.IntRange(min=1), default=1, show_default=True,
               help="Copies of every write, the primary included.")

@@ -4,6 +4,7 @@ CLI check runs ``felixctl`` as a real process, as a person or a script would."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -121,3 +122,26 @@ def test_exposure_warning_only_beyond_loopback() -> None:
     for host in ("0.0.0.0", "::", "10.0.0.5", "192.168.1.2"):
         said = exposure_warning(host, 9108, "--metrics-listen")
         assert said is not None and "--metrics-listen 127.0.0.1:9108" in said, host
+
+
+# -- stream kinds
+
+
+def test_kind_help_says_what_the_kinds_do(raw: redis.Redis, redis_url: str) -> None:
+    text = " ".join(ok(felixctl("stream", "create", "--help")).split())
+    assert "read by subscribers too" not in text
+    assert "Both are read through groups and by `felixctl sub`" in text
+    # a queue is read by sub, as the help says
+    ok(felixctl("stream", "create", "jobs", "--kind", "queue", redis_url=redis_url))
+    ok(felixctl("pub", "jobs", "hello", redis_url=redis_url))
+    assert ok(felixctl("sub", "jobs", redis_url=redis_url)) == "0:0\thello\n"
+    # they differ in retention: a queue (safe) keeps what its group has not finished,
+    # a stream trims to its limits all the same
+    for kind in ("queue", "stream"):
+        name = f"kept-{kind}"
+        ok(felixctl("stream", "create", name, "--kind", kind, "--retention-max-len", "2", redis_url=redis_url))
+        ok(felixctl("group", "create", name, "g", redis_url=redis_url))
+        ok(felixctl("pub", name, "--file", "-", input=b"1\n2\n3\n4\n5\n", redis_url=redis_url))
+        ok(felixctl("stream", "trim", name, redis_url=redis_url))
+        described = json.loads(ok(felixctl("stream", "describe", name, "-o", "json", redis_url=redis_url)))
+        assert described["shard_states"][0]["first"] == (0 if kind == "queue" else 3), (kind, described)
