@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -109,6 +110,13 @@ def _file_size(file: IO[bytes]) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def publish_file(
     ctl: Ctl, stream: str, file: IO[bytes], key: str | None, shard: int | None, batch_size: int
 ) -> None:
@@ -128,12 +136,16 @@ def publish_file(
                 f"the first line not published is line {line_no - len(batch) + 1})"
             ) from None
 
-    with click.progressbar(length=size or 0, label=f"publishing {name}", file=err,
-                           show_eta=False, show_percent=bool(size)) as bar:
+    # progress for a person watching; nothing at all in a log or a pipe (click's bar
+    # would still print its label there)
+    bar: Any = (click.progressbar(length=size or 0, label=f"publishing {name}", file=err, show_eta=False,
+                                  show_percent=bool(size)) if _is_terminal(err) else contextlib.nullcontext())
+    with bar as progress:
         batch: list[bytes] = []
         for raw in file:
             line_no += 1
-            bar.update(len(raw))
+            if progress is not None:
+                progress.update(len(raw))
             line = raw[:-1] if raw.endswith(b"\n") else raw
             batch.append(line[:-1] if line.endswith(b"\r") else line)
             if len(batch) >= batch_size:

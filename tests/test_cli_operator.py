@@ -145,3 +145,37 @@ def test_kind_help_says_what_the_kinds_do(raw: redis.Redis, redis_url: str) -> N
         ok(felixctl("stream", "trim", name, redis_url=redis_url))
         described = json.loads(ok(felixctl("stream", "describe", name, "-o", "json", redis_url=redis_url)))
         assert described["shard_states"][0]["first"] == (0 if kind == "queue" else 3), (kind, described)
+
+
+# -- pub --file
+
+
+def test_pub_file_shows_progress_only_on_a_terminal(raw: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_bytes(b"one\ntwo\nthree\n")
+    ok(felixctl("stream", "create", "jobs", redis_url=redis_url))
+    done = felixctl("pub", "jobs", "--file", str(tasks), redis_url=redis_url)
+    assert ok(done) == "published 3 records in 1 atomic batch: shard 0 offsets 0..2\n"
+    assert done.stderr == b""  # stderr is a pipe here: no "publishing FILE", no bar
+    # and on a terminal, the bar is there
+    primary, secondary = os.openpty()
+    try:
+        try:
+            at_terminal = subprocess.run([sys.executable, "-m", "felixctl", "pub", "jobs", "--file", str(tasks)],
+                                         stdout=subprocess.PIPE, stderr=secondary, timeout=30,
+                                         env=_env(redis_url), cwd=ROOT)
+        finally:
+            os.close(secondary)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(primary)
+    assert at_terminal.returncode == 0
+    assert f"publishing {tasks}".encode() in shown
