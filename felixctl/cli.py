@@ -19,13 +19,21 @@ from felixctl.common import (
 )
 
 
+#: The exit status after Ctrl-C: 128 + SIGINT, as a shell reports a process it interrupted.
+INTERRUPTED = 130
+
+
 class FelixctlGroup(click.Group):
     """The root group: turns expected failures anywhere below it into exit 1 with one
-    ``felixctl: error: ...`` line, never a traceback."""
+    ``felixctl: error: ...`` line, never a traceback; and Ctrl-C (SIGINT) into exit 130,
+    the shell's convention (128 + 2), whichever command it stops (click alone says
+    ``Aborted!`` and exits 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(INTERRUPTED) from None
         except Exception as exc:
             ctl = ctx.find_object(Ctl)
             error = as_operation_error(exc, ctl.known_url if ctl else None)
@@ -45,7 +53,8 @@ class FelixctlGroup(click.Group):
         "felixctl group poll jobs workers --max 5 --wait-ms 5000",
         "felixctl group ack jobs workers 0:15:1",
         note="Exit status: 0 on success, 1 when an operation fails (one 'felixctl: error: ...' line "
-        "on stderr), 2 on a usage error.",
+        "on stderr), 2 on a usage error, 130 when Ctrl-C interrupts a command (worker and metrics: 0, "
+        "SIGINT is how they stop).",
     ),
 )
 @url_option(

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import redis
@@ -179,3 +180,45 @@ def test_pub_file_shows_progress_only_on_a_terminal(raw: redis.Redis, redis_url:
         os.close(primary)
     assert at_terminal.returncode == 0
     assert f"publishing {tasks}".encode() in shown
+
+
+# -- Ctrl-C
+
+
+def _interrupted(raw: redis.Redis, redis_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``felixctl ARGS`` sent SIGINT (what Ctrl-C sends) once it waits in Redis."""
+    proc = subprocess.Popen([sys.executable, "-m", "felixctl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(redis_url), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while int(raw.info("clients")["blocked_clients"]) < 1:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "felixctl never waited in Redis"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_exits_130_whichever_command_it_stops(raw: redis.Redis, redis_url: str) -> None:
+    ok(felixctl("stream", "create", "jobs", redis_url=redis_url))
+    ok(felixctl("group", "create", "jobs", "w", redis_url=redis_url))
+    ok(felixctl("pub", "jobs", "hello", redis_url=redis_url))
+    following = _interrupted(raw, redis_url, "sub", "jobs", "--follow")
+    assert following.returncode == 130, following
+    assert following.stdout == b"0:0\thello\n"  # what it printed before stays
+    ok(felixctl("group", "poll", "jobs", "w", redis_url=redis_url))  # nothing due after this
+    waiting = _interrupted(raw, redis_url, "group", "poll", "jobs", "w", "--wait-ms", "60000")
+    assert (waiting.returncode, waiting.stdout) == (130, b""), waiting
+    assert b"Aborted" not in waiting.stderr and b"Traceback" not in waiting.stderr, waiting.stderr
+
+
+def test_the_exit_statuses_are_documented_with_130() -> None:
+    rows = re.findall(r"^\| (\d+) \|", (ROOT / "docs" / "cli.md").read_text(), re.M)
+    assert rows == ["0", "1", "2", "130"]
+    text = " ".join(ok(felixctl("--help")).split())
+    assert "130 when Ctrl-C interrupts a command" in text
