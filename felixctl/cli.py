@@ -18,7 +18,6 @@ from felixctl.common import (
     url_option,
 )
 
-
 #: The exit status after Ctrl-C: 128 + SIGINT, as a shell reports a process it interrupted.
 INTERRUPTED = 130
 
