@@ -12,7 +12,8 @@ COPY pyproject.toml README.md ./
 COPY lua ./lua
 COPY felix_redis ./felix_redis
 COPY felixctl ./felixctl
-RUN pip install . && rm -rf /src
+# the metrics extra: `felixctl metrics` and `worker --metrics-listen` need prometheus-client
+RUN pip install '.[metrics]' && rm -rf /src
 
 COPY docker/init.sh /usr/local/bin/felix-compose-init
 RUN chmod 0755 /usr/local/bin/felix-compose-init \

@@ -10,6 +10,7 @@ compose) are run through the loopback launcher, including the quickstart's
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,17 @@ def test_sentinel_services(services: dict[str, Any]) -> None:
     assert len({v for v in volumes if not v.startswith("./")}) == SETTINGS.sentinels
 
 
+def test_redis_image_is_the_tested_version(services: dict[str, Any]) -> None:
+    """compose.yaml runs the Redis the README says the tests run on, and says CI does
+    not start it."""
+    tested = re.search(r"tested on Redis (\d+\.\d+\.\d+)", (ROOT / "README.md").read_text())
+    assert tested is not None
+    for name in ("redis-primary", "redis-replica", *SENTINEL_NAMES):
+        assert services[name]["image"] == f"redis:{tested.group(1)}", name
+    assert f"`redis:{tested.group(1)}` image, which CI" in " ".join((ROOT / "README.md").read_text().split())
+    assert "CI starts no" in COMPOSE.read_text()
+
+
 def test_shell_scripts_parse() -> None:
     for script in ("sentinel-entrypoint.sh", "init.sh"):
         done = subprocess.run(["sh", "-n", str(DOCKER / script)], capture_output=True)
@@ -149,7 +161,9 @@ def test_init_and_felixctl_services(services: dict[str, Any]) -> None:
 def test_dockerfile() -> None:
     lines = _conf_lines(ROOT / "Dockerfile")
     assert lines[0] == "FROM python:3.11-slim"
-    assert "RUN pip install . && rm -rf /src" in lines
+    # with the metrics extra: `felixctl metrics` (and --metrics-listen) work in the image
+    assert "RUN pip install '.[metrics]' && rm -rf /src" in lines
+    assert 'metrics = ["prometheus-client' in (ROOT / "pyproject.toml").read_text()
     assert "COPY docker/init.sh /usr/local/bin/felix-compose-init" in lines
     assert 'ENTRYPOINT ["felixctl"]' in lines
     for path in ("pyproject.toml", "README.md", "lua", "felix_redis", "felixctl"):
