@@ -26,6 +26,7 @@ import click
 import felix_redis
 from felix_redis import FelixError, GroupInfo, Item, ShardedGroup, StaleClaim
 from felix_redis.errors import redact_url
+from felix_redis.keys import registry_key, tenants_key
 from felix_redis.scripts import library, other_libraries
 from felix_redis.testing.server import RedisServer, redis_server_binary
 from felixctl.common import Ctl, OperationError, examples, pass_ctl, table
@@ -352,6 +353,19 @@ def remove_own_library(client: felix_redis.Client, before: list[str] | None, kee
     return f"Removed the function library {name} the demo loaded (the server had none before)."
 
 
+def forget_tenant(client: felix_redis.Client, tenant: str) -> None:
+    """Takes the demo's own tenant (random, made for this run) out of the tenants set
+    once its last stream is gone: stream_delete leaves the set alone (a tenant admin may
+    only add to it), and each demo run would leave one name there for good. Where the
+    user may not (an ACL role user), the name stays; nothing else depends on it."""
+    prefix = client.core.prefix
+    try:
+        if not client.redis.exists(registry_key(prefix, tenant)):
+            client.redis.srem(tenants_key(prefix), tenant)
+    except Exception:
+        pass
+
+
 def job_of_payload(payload: bytes) -> tuple[int, str]:
     data = json.loads(payload)
     return int(data["order"]), str(data["task"])
@@ -396,6 +410,7 @@ def demo(ctl: Ctl, orders: int, workers: int, seed: int, keep: bool) -> None:
                 try:
                     client.stream_delete(*run.where)
                     click.echo(f"\nDeleted the demo stream {'/'.join(run.where)}.")
+                    forget_tenant(client, tenant)
                 except FelixError:
                     pass
             if backend.shared:

@@ -149,3 +149,23 @@ def test_demo_help_has_examples() -> None:
     result = CliRunner().invoke(cli, ["demo", "--help"])
     assert result.exit_code == 0
     assert "felixctl demo --orders" in result.stdout
+
+
+def test_readme_first_command_leaves_a_server_it_found_empty_empty(raw: redis.Redis, redis_url: str) -> None:
+    """`felixctl demo` as the README runs it (a real process, the server from
+    $FELIX_REDIS_URL): on a server with no keys and no function library, it leaves none."""
+    import os
+    import subprocess
+    import sys
+
+    raw.function_flush()
+    assert raw.dbsize() == 0 and raw.function_list() == []
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FELIX_")}, "FELIX_REDIS_URL": redis_url}
+    done = subprocess.run([sys.executable, "-m", "felixctl", "demo"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    check_story(done.stdout)
+    assert "Removed the function library felix_" in done.stdout
+    assert raw.function_list() == []
+    # only the idempotent-producer memory is left, and it expires by itself
+    assert [k for k in raw.keys("*") if raw.ttl(k) < 0] == []
