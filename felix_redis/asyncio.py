@@ -481,6 +481,7 @@ class AsyncClient(_AwaitsToItself):
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offsets: Iterable[int | Record | Item | str],
     ) -> list[bool]:
+        """As :meth:`felix_redis.Client.group_ack_many`: each offset settled on its own."""
         return await self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
 
     async def group_nack(

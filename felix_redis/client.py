@@ -510,14 +510,19 @@ class Client:
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offset: int | Record | Item | str,
     ) -> bool:
-        """Finishes a record; False if it was finished already (a no-op)."""
+        """Finishes a record; False if it was finished already (a no-op). NotFound if it
+        was never delivered to the group."""
         return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, [offset]))[0]
 
     def group_ack_many(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offsets: Iterable[int | Record | Item | str],
     ) -> list[bool]:
-        """Finishes many records of one shard in one script call."""
+        """Finishes many records of one shard in one script call, each on its own: per
+        offset, True acked now, False finished already. When some were never delivered,
+        the others are acked all the same and :class:`~felix_redis.models.NotDelivered`
+        (a NotFound) is raised, its ``outcomes`` holding None for those. Malformed
+        offsets or claims are refused (InvalidArgument) before anything is written."""
         return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
 
     def group_nack(
@@ -719,7 +724,8 @@ class ShardedGroup(ShardedGroupBase):
 
     def ack_many(self, items: Iterable[Ref]) -> int:
         """Acks items, one script call per shard, all in one round trip; returns how
-        many were acked now (the others were finished already)."""
+        many were acked now (the others were finished already). Items never delivered
+        raise NotDelivered (a NotFound) once the others were acked."""
         return self._client._drive(self._ack_plan(items))
 
     def nack(self, item: Ref, delay: float = 0.0) -> bool:

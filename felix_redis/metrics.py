@@ -101,8 +101,8 @@ def default_worker_metrics() -> WorkerMetrics:
 
 class GroupCollector(Collector):
     """Reads every group of every stream (optionally of one tenant / namespace) at each
-    scrape and reports, per stream, group and shard: lag, pending, owed, in flight, dead
-    letters, position, tail and the age of the oldest unfinished record."""
+    scrape and reports, per stream, group and shard: unfinished, lag, pending, owed, in
+    flight, dead letters, position, tail and the age of the oldest unfinished record."""
 
     def __init__(self, client: Client, tenant: str | None = None, namespace: str | None = None) -> None:
         self.client = client
@@ -142,12 +142,15 @@ class _Families:
     """The gauge families of one scrape."""
 
     SHARD_GAUGES = (
-        ("lag", "Records not finished yet (tail - position), in flight included."),
+        ("unfinished", "Records the group has not finished: pending + owed + in flight."),
+        ("lag", "Tail - position: the unfinished records and the finished ones above the position "
+                "(which an unfinished record holds back); alert on felix_group_unfinished."),
         ("pending", "Records never delivered to the group yet."),
         ("owed", "Records waiting to be redelivered (nacked, lapsed, redriven, delayed)."),
         ("in_flight", "Records held under a valid lease."),
         ("dead", "Dead letters of the group."),
         ("position", "Smallest offset the group has not finished."),
+        ("trimmed", "Records bounded retention removed before the group finished them."),
     )
 
     def __init__(self) -> None:

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from felix_redis.errors import InvalidArgument
+from felix_redis.errors import InvalidArgument, NotFound
 from felix_redis.keys import key_slot
 
 __all__ = [
     "Claim",
     "DeadLetter",
     "GroupInfo",
+    "NotDelivered",
     "Published",
     "Record",
     "ShardState",
@@ -98,21 +99,40 @@ class Claim:
         return f"{self.shard}:{self.offset}:{self.attempts}"
 
 
-_CLAIM_RE = re.compile(r"([0-9]{1,9}):([0-9]{1,16})(?::([0-9]{1,16}))?")
+#: The canonical form only: decimal digits (ASCII), no sign, space, separator or leading
+#: zero (a lone 0 is the number zero), so one record has one spelling.
+_NUMBER = r"(0|[1-9][0-9]{0,15})"
+_CLAIM_RE = re.compile(rf"(0|[1-9][0-9]{{0,8}}):{_NUMBER}(?::{_NUMBER})?")
 
 
 def parse_claim(text: str, *, attempts_required: bool = True) -> Claim:
-    """``"0:15:1"`` -> Claim(0, 15, 1); InvalidArgument names what is wrong."""
+    """``"0:15:1"`` -> Claim(0, 15, 1); InvalidArgument names what is wrong. Only the
+    canonical form is taken: decimal digits, no sign, spaces, ``_`` or leading zeros."""
     if not isinstance(text, str):
         raise InvalidArgument(f"claim must be a string, got {type(text).__name__}")
-    match = _CLAIM_RE.fullmatch(text.strip())
+    match = _CLAIM_RE.fullmatch(text)
     if match is None or (attempts_required and match.group(3) is None):
         form = "SHARD:OFFSET:ATTEMPTS" if attempts_required else "SHARD:OFFSET[:ATTEMPTS]"
-        raise InvalidArgument(f"malformed claim {text[:80]!r}: expected {form}, e.g. 0:15:1")
+        raise InvalidArgument(
+            f"malformed claim {text[:80]!r}: expected {form} in decimal digits (no sign, spaces or "
+            "leading zeros), e.g. 0:15:1")
     attempts = int(match.group(3)) if match.group(3) is not None else None
     if attempts is not None and attempts < 1:
         raise InvalidArgument(f"malformed claim {text!r}: attempts start at 1")
     return Claim(int(match.group(1)), int(match.group(2)), attempts)
+
+
+class NotDelivered(NotFound):
+    """An ack named records never delivered to the group (``group_ack_many``, a sharded
+    group's ``ack_many``); every other record of the call was settled all the same.
+    ``outcomes``: one per offset given to ``group_ack_many``, in order: True acked now,
+    False finished already, None never delivered (for a sharded ``ack_many``: by shard,
+    each shard's in the order given). ``records``: the ``SHARD:OFFSET`` never delivered."""
+
+    def __init__(self, message: str, outcomes: list[bool | None], records: list[str]) -> None:
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.records = records
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +162,12 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class ShardState:
-    """A group's state on one shard (``group_describe``)."""
+    """A group's state on one shard (``group_describe``).
+
+    ``lag`` is tail - position: it also counts finished records above a position held
+    back by an unfinished one. ``unfinished`` is what the group still has to finish:
+    pending + owed + in flight (the number to alert on, with the oldest unfinished age).
+    ``trimmed``: records retention removed before this group finished them."""
 
     shard: int
     position: int
@@ -154,6 +179,7 @@ class ShardState:
     dead: int
     oldest_unfinished_age_ms: int | None
     trimmed: int = 0
+    unfinished: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +199,14 @@ class GroupInfo:
     @property
     def pending(self) -> int:
         return sum(s.pending for s in self.shards)
+
+    @property
+    def unfinished(self) -> int:
+        return sum(s.unfinished for s in self.shards)
+
+    @property
+    def trimmed(self) -> int:
+        return sum(s.trimmed for s in self.shards)
 
     @property
     def owed(self) -> int:

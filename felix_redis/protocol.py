@@ -49,7 +49,7 @@ from felix_redis.keys import (
     tenants_key,
     valid_name,
 )
-from felix_redis.models import DeadLetter, GroupInfo, Published, Record, ShardState, StreamInfo
+from felix_redis.models import DeadLetter, GroupInfo, NotDelivered, Published, Record, ShardState, StreamInfo
 from felix_redis.plans import (
     TRANSIENT_ERRORS,
     Batch,
@@ -79,6 +79,22 @@ __all__ = [
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+def not_delivered(context: str, claims: list[str], statuses: list[int], one_shard: bool = False) -> NotDelivered:
+    """The error for acks of which some named records never delivered (status -1): the
+    others (1 acked now, 0 finished already) were settled, and it says so. ``claims``:
+    SHARD:OFFSET of each status; ``one_shard``: the context names the shard, the message
+    names offsets."""
+    missing = [c for c, x in zip(claims, statuses, strict=True) if x == -1]
+    names = [c.split(":", 1)[1] for c in missing] if one_shard else missing
+    named = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    which = "record" if len(missing) == 1 else "records"
+    message = f"{context}: {which} {named} {'has' if len(missing) == 1 else 'have'} not been delivered to this group"
+    if len(statuses) > len(missing):
+        settled = len(statuses) - len(missing)
+        message += f"; the other {settled} {'was' if settled == 1 else 'were'} settled"
+    return NotDelivered(message, [None if x == -1 else x == 1 for x in statuses], missing)
 
 
 class Core:
@@ -491,8 +507,9 @@ class Core:
         name = self.cache.laid(name, settings)
         for i, payload in enumerate(payloads):
             if len(payload) > settings.max_payload:
+                which = f"payload {i}" if len(payloads) > 1 else "the payload"
                 raise InvalidArgument(
-                    f"stream {name.path}: payload {i} is {len(payload)} bytes; this stream accepts "
+                    f"stream {name.path}: {which} is {len(payload)} bytes; this stream accepts "
                     f"at most {settings.max_payload}"
                 )
         if shard is not None:
@@ -814,25 +831,34 @@ class Core:
     def ack_sharded(
         self, tenant: str, namespace: str, stream: str, group: str, by_shard: dict[int, list[Any]]
     ) -> Plan[int]:
-        """Acks records of several shards: one script call per shard, one round trip."""
-        calls = []
+        """Acks records of several shards: one script call per shard, one round trip.
+        Each record is settled on its own; records never delivered raise NotDelivered
+        after the others were acked."""
+        calls, where = [], []
         for shard, refs in by_shard.items():
             _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
                 or (yield from self.group_op(tenant, namespace, stream, shard, group))
             offsets = offsets_of(refs, shard)
             for start in range(0, len(offsets), C.MAX_BATCH):
-                calls.append(Eval("group_ack", keys, offsets[start:start + C.MAX_BATCH], context, settings.replicas))
+                chunk = offsets[start:start + C.MAX_BATCH]
+                calls.append(Eval("group_ack", keys, chunk, context, settings.replicas))
+                where.append((shard, chunk))
         if not calls:
             return 0
         replies = yield Batch(calls)
         for reply in replies:
             if isinstance(reply, FelixError):
                 raise reply
-        return sum(int(x) for reply in replies for x in reply)
+        statuses = [int(x) for reply in replies for x in reply]
+        if -1 in statuses:
+            claims = [f"{shard}:{off}" for shard, chunk in where for off in chunk]
+            raise not_delivered(f"group {group} on stream {tenant}/{namespace}/{stream}", claims, statuses)
+        return sum(statuses)
 
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
     ) -> Plan[list[bool]]:
+        """Acks records of one shard, each on its own (:func:`not_delivered`)."""
         _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
             or (yield from self.group_op(tenant, namespace, stream, shard, group))
         offsets = offsets_of(refs if type(refs) is list else check_list(refs, "offsets"), shard)
@@ -841,7 +867,9 @@ class Core:
         if len(offsets) > C.MAX_BATCH:
             raise InvalidArgument(f"ack takes at most {C.MAX_BATCH} offsets at once")
         reply = yield Eval("group_ack", keys, offsets, context, settings.replicas)
-        return [x == 1 or bool(int(x)) for x in reply]
+        if -1 in reply:
+            raise not_delivered(context, [f"{shard}:{off}" for off in offsets], [int(x) for x in reply], True)
+        return [x == 1 for x in reply]
 
     def group_nack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,
@@ -963,10 +991,12 @@ class Core:
             position, tail, nxt = int(r[0]), int(r[1]), int(r[2])
             age = int(r[6])
             vt, attempts = int(r[8]), int(r[9])
+            pending, owed, in_flight = tail - nxt, int(r[3]), int(r[4])
             states.append(ShardState(
                 shard=shard, position=position, tail=tail, lag=tail - position,
-                pending=tail - nxt, owed=int(r[3]), in_flight=int(r[4]), dead=int(r[5]),
+                pending=pending, owed=owed, in_flight=in_flight, dead=int(r[5]),
                 oldest_unfinished_age_ms=None if age < 0 else age, trimmed=int(r[7]),
+                unfinished=pending + owed + in_flight,
             ))
         return GroupInfo(tenant, namespace, stream, group, vt, attempts, states)
 

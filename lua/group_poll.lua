@@ -10,7 +10,9 @@
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
 -- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
---                      polling, as group_ack does (one round trip for both)
+--                      polling, as group_ack does (one round trip for both), except
+--                      that they go all together: one never delivered fails the poll
+--                      before anything is written (a poll has no place to report it)
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.

@@ -68,8 +68,8 @@ local tail_s = m[1]
 if not tail_s or not s_match(tail_s, '^%d+$') then tail_s = fmt(log_tail(KEYS[2])) end
 for i = 5, #ARGV do
   if #ARGV[i] > max_payload then
-    fail('INVALID', 'payload ' .. fmt(i - 5) .. ' is ' .. fmt(#ARGV[i]) .. ' bytes; this stream accepts at most '
-      .. fmt(max_payload))
+    local which = #ARGV > 5 and 'payload ' .. fmt(i - 5) or 'the payload'
+    fail('INVALID', which .. ' is ' .. fmt(#ARGV[i]) .. ' bytes; this stream accepts at most ' .. fmt(max_payload))
   end
 end
 local state = field and m[3]

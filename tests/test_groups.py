@@ -204,9 +204,12 @@ def test_ack_never_delivered_offset_is_not_found(client: Client, unchanged: Any)
     for off in (1, 2, 3, 99):
         with unchanged(), pytest.raises(felix_redis.NotFound):
             client.group_ack(T, N, S, 0, G, off)
-    # A batch with one bad offset acks nothing.
-    with unchanged(), pytest.raises(felix_redis.NotFound):
+    # A batch with one offset never delivered still acks the others (issue 25: each claim
+    # on its own), and says which one was not delivered.
+    with pytest.raises(felix_redis.NotFound, match=r"record 2 has not been delivered.*the other 1 was settled") as e:
         client.group_ack_many(T, N, S, 0, G, [0, 2])
+    assert getattr(e.value, "outcomes", None) == [True, None]
+    assert client.group_describe(T, N, S, G).shards[0].position == 1
 
 
 # ------------------------------------------------------ nack / extend / dead_letter stale

@@ -118,22 +118,48 @@ end
 -- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state
 -- behind and the position advances over any contiguous run of finished records. Acking
 -- a finished record changes nothing; acking a stale claim whose record is unfinished
--- (owed, or in flight under a newer lease) finishes it. Fails NOT_FOUND, before its
--- first write, when an offset was never delivered. With statuses, returns one status
--- per member: 1 acked now, 0 already finished (or repeated in ms). The caller saves S
--- (save_group).
-local function ack_many(K, S, ms, offs, statuses)
+-- (owed, or in flight under a newer lease) finishes it. An offset never delivered: with
+-- each (group_ack), it is skipped and the others are acked all the same; without (a
+-- poll's acks), the call fails NOT_FOUND before its first write. With statuses, returns
+-- one status per member: 1 acked now, 0 already finished (or repeated in ms), -1 never
+-- delivered (with each). The caller saves S (save_group).
+local function ack_many(K, S, ms, offs, statuses, each)
   -- offsets in strictly ascending order (a poll's records usually are) repeat none: no
   -- table of the members seen is needed
   local n = #ms
   local ascending, last, next_off = true, -1, S.next
+  local undelivered = nil
   for i = 1, n do
     local off = offs[i]
     if off >= next_off then
-      fail('NOT_FOUND', 'record ' .. ms[i] .. ' has not been delivered to this group (next is ' .. fmt(next_off) .. ')')
+      if not each then
+        fail('NOT_FOUND', 'record ' .. ms[i] .. ' has not been delivered to this group (next is ' .. fmt(next_off) .. ')')
+      end
+      undelivered = undelivered or {}
+      undelivered[i] = true
     end
     if off <= last then ascending = false end
     last = off
+  end
+  if undelivered then
+    -- settle the others on their own, then put the -1s in their places
+    local dms, doffs = {}, {}
+    for i = 1, n do
+      if not undelivered[i] then
+        dms[#dms + 1], doffs[#doffs + 1] = ms[i], offs[i]
+      end
+    end
+    local got = #dms > 0 and ack_many(K, S, dms, doffs, true) or {}
+    local out, j = {}, 0
+    for i = 1, n do
+      if undelivered[i] then
+        out[i] = -1
+      else
+        j = j + 1
+        out[i] = got[j]
+      end
+    end
+    return out
   end
   local uniq, first = ms, nil
   if not ascending then
@@ -204,6 +230,10 @@ local function check_claim(K, S, off, attempts, now)
     fail('STALE_CLAIM', 'record ' .. m .. ' is not in flight (its lease lapsed or it was nacked)')
   end
   local current = tonumber(redis.call('HGET', K.attempts, m)) or 1
+  if attempts > current then
+    fail('STALE_CLAIM', 'the claim ' .. m .. ' with attempts ' .. fmt(attempts) .. ' does not match any delivery: '
+      .. 'record ' .. m .. ' was delivered ' .. fmt(current) .. ' time' .. (current == 1 and '' or 's') .. ' so far')
+  end
   if current ~= attempts then
     fail('STALE_CLAIM', 'the claim of record ' .. m .. ' with attempts ' .. fmt(attempts) .. ' is stale: '
       .. 'the record was delivered again (attempts now ' .. fmt(current) .. ')')
