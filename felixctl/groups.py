@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from felix_redis import GroupInfo, Record
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
+from felix_redis.models import NotDelivered
 from felixctl.common import (
     ClaimRunner,
     Ctl,
@@ -37,14 +39,17 @@ from felixctl.common import (
 )
 from felixctl.records import ESCAPE_NOTE
 
-visibility_option = click.option(
-    "--visibility-timeout-ms", type=click.IntRange(min=1), default=None, metavar="MS",
-    help="How long a poll's lease lasts (default $FELIX_GROUP_VISIBILITY_TIMEOUT_MS or 30000).",
-)
-max_attempts_option = click.option(
-    "--max-attempts", type=click.IntRange(min=1), default=None, metavar="N",
-    help="Deliveries before a record becomes a dead letter (default $FELIX_GROUP_MAX_ATTEMPTS or 5).",
-)
+F = TypeVar("F", bound=Callable[..., Any])
+VISIBILITY_HELP = "How long a poll's lease lasts"
+MAX_ATTEMPTS_HELP = "Deliveries before a record becomes a dead letter"
+
+
+def visibility_option(help: str) -> Callable[[F], F]:
+    return click.option("--visibility-timeout-ms", type=click.IntRange(min=1), default=None, metavar="MS", help=help)
+
+
+def max_attempts_option(help: str) -> Callable[[F], F]:
+    return click.option("--max-attempts", type=click.IntRange(min=1), default=None, metavar="N", help=help)
 
 
 @click.group(short_help="Consumer groups: poll, settle claims, dead letters.", epilog=examples(
@@ -68,8 +73,8 @@ def group() -> None:
 @stream_argument
 @group_argument
 @start_option("First record the group hands out: earliest, latest (the next published) or an offset.")
-@visibility_option
-@max_attempts_option
+@visibility_option(f"{VISIBILITY_HELP} (default $FELIX_GROUP_VISIBILITY_TIMEOUT_MS or 30000).")
+@max_attempts_option(f"{MAX_ATTEMPTS_HELP} (default $FELIX_GROUP_MAX_ATTEMPTS or 5).")
 @pass_ctl
 def create(
     ctl: Ctl, stream: str, group: str, start: str | int, visibility_timeout_ms: int | None,
@@ -89,8 +94,8 @@ def create(
 ))
 @stream_argument
 @group_argument
-@visibility_option
-@max_attempts_option
+@visibility_option(f"{VISIBILITY_HELP} (unchanged when not given).")
+@max_attempts_option(f"{MAX_ATTEMPTS_HELP} (unchanged when not given).")
 @pass_ctl
 def configure(
     ctl: Ctl, stream: str, group: str, visibility_timeout_ms: int | None, max_attempts: int | None
@@ -145,30 +150,36 @@ def group_json(info: GroupInfo) -> dict[str, Any]:
     return {
         "tenant": info.tenant, "namespace": info.namespace, "stream": info.stream, "group": info.group,
         "visibility_timeout_ms": info.visibility_timeout_ms, "max_attempts": info.max_attempts,
-        "lag": info.lag, "pending": info.pending, "in_flight": info.in_flight, "owed": info.owed,
-        "dead": info.dead, "oldest_unfinished_age_ms": info.oldest_unfinished_age_ms,
+        "unfinished": info.unfinished, "lag": info.lag, "pending": info.pending, "in_flight": info.in_flight,
+        "owed": info.owed, "dead": info.dead, "trimmed": info.trimmed,
+        "oldest_unfinished_age_ms": info.oldest_unfinished_age_ms,
         "shards": [dataclasses.asdict(s) for s in info.shards],
     }
 
 
-DESCRIBE_HEADERS = ["SHARD", "POSITION", "TAIL", "LAG", "PENDING", "IN-FLIGHT", "OWED", "DEAD", "OLDEST-UNFINISHED"]
+DESCRIBE_HEADERS = ["SHARD", "POSITION", "TAIL", "LAG", "UNFINISHED", "PENDING", "IN-FLIGHT", "OWED", "DEAD",
+                    "OLDEST-UNFINISHED"]
 
 
 def describe_text(info: GroupInfo) -> str:
-    """The aligned per-shard table ``group describe`` prints (the demo prints it too)."""
+    """The aligned per-shard table ``group describe`` prints (the demo prints it too);
+    a TRIMMED column when retention removed records before the group finished them."""
+    trimmed = info.trimmed > 0
     rows: list[list[object]] = [
-        [s.shard, s.position, s.tail, s.lag, s.pending, s.in_flight, s.owed, s.dead,
-         human_ms(s.oldest_unfinished_age_ms)]
+        [s.shard, s.position, s.tail, s.lag, s.unfinished, s.pending, s.in_flight, s.owed, s.dead,
+         *([s.trimmed] if trimmed else []), human_ms(s.oldest_unfinished_age_ms)]
         for s in info.shards
     ]
     if len(info.shards) > 1:
-        rows.append(["all", "", sum(s.tail for s in info.shards), info.lag, info.pending, info.in_flight,
-                     info.owed, info.dead, human_ms(info.oldest_unfinished_age_ms)])
+        rows.append(["all", "", sum(s.tail for s in info.shards), info.lag, info.unfinished, info.pending,
+                     info.in_flight, info.owed, info.dead, *([info.trimmed] if trimmed else []),
+                     human_ms(info.oldest_unfinished_age_ms)])
+    headers = DESCRIBE_HEADERS[:-1] + (["TRIMMED"] if trimmed else []) + DESCRIBE_HEADERS[-1:]
     head = (
         f"group {info.group} on {info.tenant}/{info.namespace}/{info.stream}: visibility timeout "
         f"{info.visibility_timeout_ms} ms, max attempts {info.max_attempts}"
     )
-    return visible(head) + "\n" + table(DESCRIBE_HEADERS, rows, right=range(9))
+    return visible(head) + "\n" + table(headers, rows, right=range(len(headers)))
 
 
 @group.command("describe", epilog=examples(
@@ -176,8 +187,11 @@ def describe_text(info: GroupInfo) -> str:
     "felixctl group describe jobs workers -o json",
     "felixctl group describe jobs workers --watch 2     # refresh every 2 s until Ctrl-C",
     note="Per shard: POSITION is the first unfinished offset, TAIL the next offset to be published, "
-    "LAG = TAIL - POSITION, PENDING the records never delivered, IN-FLIGHT those under a lease, OWED those "
-    "waiting for redelivery (nacked, lapsed, redriven), DEAD the dead letters.",
+    "LAG = TAIL - POSITION (finished records above a held-back position count too), UNFINISHED = PENDING + "
+    "IN-FLIGHT + OWED (what is left to do: alert on it and on OLDEST-UNFINISHED), PENDING the records never "
+    "delivered, IN-FLIGHT those under a lease, OWED those waiting for redelivery (nacked, lapsed, redriven), "
+    "DEAD the dead letters, TRIMMED (shown when not 0) records retention removed before the group finished "
+    "them. --watch stops on Ctrl-C with exit status 130.",
 ))
 @stream_argument
 @group_argument
@@ -190,9 +204,11 @@ def describe_text(info: GroupInfo) -> str:
 def describe(ctl: Ctl, stream: str, group: str, output: str, watch_s: float | None, count: int | None) -> None:
     """Show the group's state on every shard.
 
-    Columns: position, tail, lag, pending, in-flight, owed, dead and the age of the
-    oldest unfinished record.
+    Columns: position, tail, lag, unfinished, pending, in-flight, owed, dead (trimmed
+    when not 0) and the age of the oldest unfinished record.
     """
+    if count is not None and watch_s is None:
+        raise click.UsageError("--count goes with --watch (it says how many refreshes to show)")
     if watch_s is None:
         info = ctl.client.group_describe(*ctl.where(stream), group)
         if output == "json":
@@ -203,23 +219,22 @@ def describe(ctl: Ctl, stream: str, group: str, output: str, watch_s: float | No
     if output == "json":
         raise click.UsageError("--watch refreshes a table; use it without -o json")
     refreshes = 0
-    try:
-        while count is None or refreshes < count:
-            info = ctl.client.group_describe(*ctl.where(stream), group)
-            # home the cursor and clear the screen, then draw: the table is refreshed in place
-            click.echo("\x1b[H\x1b[2J" if sys.stdout.isatty() else "", nl=False)
-            click.echo(visible(f"{ctl.path(stream)} group {group}, every {watch_s:g} s (Ctrl-C to stop)") + "\n")
-            click.echo(describe_text(info))
-            refreshes += 1
-            if count is None or refreshes < count:
-                time.sleep(watch_s)
-    except KeyboardInterrupt:
-        raise click.exceptions.Exit(0) from None
+    # Ctrl-C ends it with exit 130, as it ends every felixctl command (felixctl/cli.py)
+    while count is None or refreshes < count:
+        info = ctl.client.group_describe(*ctl.where(stream), group)
+        # home the cursor and clear the screen, then draw: the table is refreshed in place
+        click.echo("\x1b[H\x1b[2J" if sys.stdout.isatty() else "", nl=False)
+        click.echo(visible(f"{ctl.path(stream)} group {group}, every {watch_s:g} s (Ctrl-C to stop)") + "\n")
+        click.echo(describe_text(info))
+        refreshes += 1
+        if count is None or refreshes < count:
+            time.sleep(watch_s)
 
 
 @group.command("keys", epilog=examples(
     "felixctl group keys jobs workers",
-    "redis-cli XLEN \"$(felixctl group keys jobs workers --role log)\"",
+    "redis-cli XLEN \"$(felixctl group keys jobs workers --role log --shard 0)\"",
+    note="--role prints one key per shard: give --shard to get the one key a Redis command takes.",
 ))
 @stream_argument
 @group_argument
@@ -305,6 +320,7 @@ def poll(
 @group.command("ack", epilog=examples(
     "felixctl group ack jobs workers 0:15:1",
     "felixctl group ack jobs workers 0:15:1 1:7:2",
+    note="Each claim is settled on its own: one never delivered is reported and does not stop the others.",
 ))
 @stream_argument
 @group_argument
@@ -319,10 +335,21 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
     runner = ClaimRunner(ctl.url)
     runner.check(ctl, stream, group, parsed)
     for shard, group_claims in by_shard(parsed).items():
+        outcomes: list[bool | None] = []
         with runner.each(" ".join(str(c) for c in group_claims), len(group_claims)):
-            done = ctl.client.group_ack_many(*ctl.where(stream), shard, group, [c.offset for c in group_claims])
-            for claim, acked in zip(group_claims, done, strict=True):
-                click.echo(f"acked {claim}" if acked else f"{claim} was finished already")
+            try:
+                outcomes = list(ctl.client.group_ack_many(
+                    *ctl.where(stream), shard, group, [c.offset for c in group_claims]))
+            except NotDelivered as exc:
+                # the others were settled: report each claim, count only the undelivered as failed
+                outcomes = exc.outcomes
+                for claim, outcome in zip(group_claims, outcomes, strict=True):
+                    if outcome is None:
+                        runner.failed += 1
+                        runner.errors.append(f"{claim}: record {claim.offset} has not been delivered to this group")
+        for claim, outcome in zip(group_claims, outcomes, strict=False):
+            if outcome is not None:
+                click.echo(f"acked {claim}" if outcome else f"{claim} was finished already")
     runner.finish()
 
 
@@ -488,7 +515,8 @@ def _settle_dead(
         # one script per shard: all of a shard's offsets, or none of them
         with runner.each(f"shard {s}", len(claims)):
             total += act(*where, s, group, [c.offset for c in claims])
-    click.echo(f"{done} {total} dead letter{'s' if total != 1 else ''}")
+    if runner.failed < runner.total:  # on failure alone, only the error line
+        click.echo(f"{done} {total} dead letter{'s' if total != 1 else ''}")
     runner.finish()
 
 
