@@ -24,6 +24,8 @@ from redis.exceptions import (
 )
 
 from felix_redis import scripts
+from felix_redis.connection import NotTlsError, SentinelsFailed
+from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
@@ -52,23 +54,55 @@ def translate(exc: Exception, op: Op, server: str) -> Exception:
         return ConnectionFailed(f"{prefix}Redis at {server} cannot take the call now: {type(exc).__name__}: {exc}",
                                 unsent=True)
     if isinstance(exc, ResponseError):
+        if str(exc).startswith("DB index is out of range"):
+            # SELECT while connecting: the URL names a database the server does not have
+            return InvalidArgument(
+                f"{prefix}Redis at {server} has no such database ({exc}): the URL's database number "
+                "(redis://host:port/DB, redis+sentinel://.../SERVICE/DB) must be below the server's "
+                "`databases` setting (16 by default)")
         mapped = from_response(str(exc))
         if mapped is None:
             return FelixError(f"{prefix}Redis error: {exc}")
         return type(mapped)(f"{prefix}{mapped}")
     if isinstance(exc, AuthenticationError):
-        # wrong user name or password: no retry will fix it
-        return PermissionDenied(f"Redis at {server} refused the credentials: {_short(exc)}")
+        # a missing or wrong user name or password: no retry will fix it
+        return PermissionDenied(credentials_refused(exc, server))
     if isinstance(exc, NotSent):
-        return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc.cause)}", unsent=True)
-    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc)}")
+        return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc.cause, server)}", unsent=True)
+    # no connection was made (no sentinel named a primary, a port that does not take TLS):
+    # the call was not sent
+    unsent = isinstance(exc, (SentinelsFailed, NotTlsError))
+    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc, server)}", unsent=unsent)
 
 
-def _short(exc: BaseException) -> str:
+#: How servers say no password was sent (redis-py drops the NOAUTH code): to a command,
+#: and to the HELLO redis-py opens a connection with.
+_NO_PASSWORD_SENT = ("Authentication required", "NOAUTH", "HELLO must be called with the client already authenticated")
+
+
+def credentials_refused(exc: BaseException, server: str) -> str:
+    """What a server's refusal of the credentials means, and where they are given (the
+    names of the places, never a value; the fix first: felixctl shows 300 characters)."""
+    gist = _short(exc, server).split(", otherwise the HELLO AUTH", 1)[0]
+    if gist.startswith(_NO_PASSWORD_SENT):
+        return (f"Redis at {server} refused the credentials: none were given, and it needs a password: give it "
+                f"in the URL (:PASSWORD@ or USER:PASSWORD@ before the host), in ${ENV_PASSWORD}, or in a URL file "
+                f"(${ENV_URL_FILE}, felixctl --redis-url-file); see docs/security.md (the server said: {gist})")
+    return (f"Redis at {server} refused the credentials: {gist} (check the user name and password: the URL's "
+            f"own, else ${ENV_PASSWORD}; see docs/security.md)")
+
+
+def _short(exc: BaseException, server: str = "") -> str:
     """The gist of a redis-py connection error (some carry kilobytes of pool repr)."""
+    if isinstance(exc, (SentinelsFailed, NotTlsError)) or isinstance(exc.__cause__, (SentinelsFailed, NotTlsError)):
+        # felix-redis' own words: what each sentinel did, or a port that does not take TLS
+        text = str(exc).splitlines()[0]
+        return text if len(text) <= 1500 else text[:1500] + "..."
     if type(exc).__name__ == "MasterNotFoundError":
         return str(exc).split(" : ", 1)[0] + " by the sentinels"
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if text == "Timeout connecting to server" and server.startswith("rediss"):
+        text += " (on a TLS URL: the port may not take TLS, as a plain-text port never answers a TLS handshake)"
     return text if len(text) <= 300 else text[:300] + "..."
 
 

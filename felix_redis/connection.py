@@ -19,11 +19,17 @@ redis://localhost:6379/0. See docs/security.md.
 
 from __future__ import annotations
 
+import asyncio as _asyncio
+import functools
 import os
+import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from felix_redis.constants import (
     DEFAULT_URL,
@@ -36,8 +42,8 @@ from felix_redis.constants import (
 )
 from felix_redis.errors import ConnectionFailed, InvalidArgument, redact_url
 
-__all__ = ["ParsedUrl", "async_client", "check_hostname", "env_password", "parse_url", "read_url_file",
-           "resolve_url", "sync_client"]
+__all__ = ["NotTlsError", "ParsedUrl", "SentinelsFailed", "async_client", "check_hostname", "env_password",
+           "parse_url", "read_url_file", "resolve_url", "sync_client"]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
            "rediss+cluster", "memory")
@@ -297,8 +303,12 @@ def _sentinel_kwargs(parsed: ParsedUrl, kwargs: dict[str, Any]) -> dict[str, Any
     """Connection options for the sentinels themselves: the data servers' TLS options,
     ``sentinel_password`` / ``sentinel_username`` from the query (sentinels usually
     have no password, or one of their own, so the data password is not sent to them),
-    and short timeouts: a sentinel that does not answer at once is skipped for the next."""
-    out = {k: v for k, v in kwargs.items() if k.startswith("ssl")}
+    short timeouts and one attempt (``kwargs``' retry, which sends nothing again): a
+    sentinel that does not answer at once is skipped for the next. (redis-py's default
+    would try each sentinel 4 times with backoff, some 8 s for two sentinels that refuse
+    the connection, before the client's own retries, :class:`felix_redis.plans.Retrying`,
+    even begin.)"""
+    out = {k: v for k, v in kwargs.items() if k.startswith("ssl") or k == "retry"}
     if "sentinel_password" in parsed.options:
         out["password"] = parsed.options["sentinel_password"]
     if "sentinel_username" in parsed.options:
@@ -321,6 +331,226 @@ def _plain_kwargs(parsed: ParsedUrl) -> dict[str, Any]:
     return out
 
 
+# -- Sentinel: what each sentinel said
+
+
+def _sentinel_error_classes() -> tuple[type, ...]:
+    from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFound
+    from redis.sentinel import MasterNotFoundError
+
+    return MasterNotFoundError, AsyncMasterNotFound
+
+
+class SentinelsFailed(*_sentinel_error_classes()):  # type: ignore[misc]
+    """No sentinel named a healthy primary for the service (redis-py's
+    MasterNotFoundError, sync and asyncio), with what each sentinel did: ``failures``,
+    the address and error of each that could not be asked, and ``answered``, the
+    addresses of those that answered but knew no healthy primary (a failover under way,
+    or another service name). Its message says so, naming the sentinels; redis-py's own
+    keeps each sentinel's client repr and error repr in one long line."""
+
+    def __init__(self, service: str, failures: list[tuple[str, BaseException]], answered: list[str]) -> None:
+        self.service, self.failures, self.answered = service, failures, answered
+        super().__init__(_sentinels_message(service, failures, answered))
+
+    @property
+    def all_refused(self) -> bool:
+        """Every sentinel refused the connection: none is running at those addresses."""
+        return not self.answered and bool(self.failures) and all(
+            _sentinel_failure(exc)[0] == "refused" for _, exc in self.failures)
+
+
+def _sentinel_failure(exc: BaseException) -> tuple[str, str]:
+    """The kind of a sentinel's failure and its gist."""
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = text if len(text) <= 200 else text[:200] + "..."
+    if isinstance(exc, AuthenticationError):
+        return "credentials", text
+    if isinstance(exc, (RedisTimeoutError, TimeoutError)):
+        return "timeout", text
+    if isinstance(exc.__context__, ConnectionRefusedError) or "connection refused" in text.lower():
+        return "refused", text
+    return "other", text
+
+
+def _sentinels_message(service: str, failures: list[tuple[str, BaseException]], answered: list[str]) -> str:
+    kinds: dict[str, list[str]] = {}
+    for address, exc in failures:
+        kind, text = _sentinel_failure(exc)
+        kinds.setdefault(kind, []).append(address if kind in ("refused", "timeout") else f"{address} ({text})")
+    head = f"No master found for {service!r}"
+    if not answered and list(kinds) == ["refused"]:
+        return (f"{head}: every sentinel refused the connection ({', '.join(kinds['refused'])}): "
+                "is a sentinel running at each? (a sentinel's port is 26379 by default, not its Redis's)")
+    parts = []
+    if "refused" in kinds:
+        parts.append(f"refused the connection: {', '.join(kinds['refused'])}")
+    if "timeout" in kinds:
+        parts.append(f"did not answer in time: {', '.join(kinds['timeout'])}")
+    if "credentials" in kinds:
+        parts.append(f"refused the credentials: {', '.join(kinds['credentials'])} (a sentinel with its own "
+                     "requirepass needs sentinel_password=... in the URL's query; see docs/security.md)")
+    if "other" in kinds:
+        parts.append(f"failed: {', '.join(kinds['other'])}")
+    if answered:
+        parts.append(f"answered but know no healthy primary for {service!r}: {', '.join(answered)} "
+                     "(a failover under way, or another service name: the URL's path is /SERVICE/DB)")
+    return f"{head} by the sentinels: " + "; ".join(parts)
+
+
+def _sentinel_address(sentinel: Any) -> str:
+    kwargs = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", {})
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+@functools.cache
+def _sentinel_classes() -> tuple[type, type]:
+    """redis-py's Sentinel managers, sync and asyncio, whose ``discover_master`` raises
+    :class:`SentinelsFailed`. The loop is redis-py's (ask each sentinel in turn, the
+    first that names a healthy primary goes first next time), keeping the errors."""
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.sentinel import Sentinel
+
+    class FelixSentinel(Sentinel):
+        def discover_master(self, service_name: str) -> tuple[str, Any]:
+            failures: list[tuple[str, BaseException]] = []
+            answered: list[str] = []
+            for number, sentinel in enumerate(self.sentinels):
+                try:
+                    masters: Any = sentinel.sentinel_masters()
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    failures.append((_sentinel_address(sentinel), exc))
+                    continue
+                state = masters.get(service_name)
+                if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                    self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
+                    ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
+                    return ip, state["port"]
+                answered.append(_sentinel_address(sentinel))
+            raise SentinelsFailed(service_name, failures, answered)
+
+    class AsyncFelixSentinel(AsyncSentinel):
+        async def discover_master(self, service_name: str) -> tuple[str, Any]:
+            failures: list[tuple[str, BaseException]] = []
+            answered: list[str] = []
+            for number, sentinel in enumerate(self.sentinels):
+                try:
+                    masters: Any = await sentinel.sentinel_masters()
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    failures.append((_sentinel_address(sentinel), exc))
+                    continue
+                state = masters.get(service_name)
+                if state and self.check_master_state(state, service_name):
+                    self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
+                    ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
+                    return ip, state["port"]
+                answered.append(_sentinel_address(sentinel))
+            raise SentinelsFailed(service_name, failures, answered)
+
+    return FelixSentinel, AsyncFelixSentinel
+
+
+# -- TLS: a handshake that a plain-text port never answers
+
+
+class NotTlsError(RedisConnectionError):
+    """A ``rediss://`` URL's port did not complete a TLS handshake, and a plain-text
+    Redis answers there (or may: see :func:`_tls_failure`)."""
+
+
+def _plain_redis_answers(host: str, port: int, timeout: float) -> bool | None:
+    """Whether a plain-text Redis answers ``PING`` at ``host:port`` (``+PONG``, or an
+    error such as ``-NOAUTH``: RESP either way); None when no connection could be made."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return None
+    try:
+        sock.sendall(b"PING\r\n")
+        reply = sock.recv(64)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return reply[:1] in (b"+", b"-")
+
+
+async def _plain_redis_answers_async(host: str, port: int, timeout: float) -> bool | None:
+    try:
+        reader, writer = await _asyncio.wait_for(_asyncio.open_connection(host, port), timeout)
+    except (OSError, _asyncio.TimeoutError):
+        return None
+    try:
+        writer.write(b"PING\r\n")
+        reply = await _asyncio.wait_for(reader.read(64), timeout)
+    except (OSError, _asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
+    return reply[:1] in (b"+", b"-")
+
+
+def _tls_failure(host: str, port: int, exc: BaseException, timeout: float | None, plain: bool) -> NotTlsError:
+    """The error for a TLS handshake with ``host:port`` that failed with ``exc`` (not on
+    a certificate: that is a TLS server) though a TCP connection can be made there:
+    ``plain``, a plain-text Redis answered PING on that port."""
+    timed_out = isinstance(exc, (TimeoutError, socket.timeout, _asyncio.TimeoutError))
+    why = (f"timed out after {timeout:g} s" if timed_out and timeout
+           else f"failed ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
+    if plain:
+        what = (f"{host}:{port} is not a TLS port, a plain-text Redis answers there: use redis:// for it, "
+                "or the port the server takes TLS on (its tls-port)")
+    else:
+        what = (f"{host}:{port} may not be a TLS port (a plain-text Redis never answers a TLS handshake): "
+                "use redis:// for a plain-text port, or the server's tls-port")
+    return NotTlsError(f"the TLS handshake with {host}:{port} {why}; {what}")
+
+
+@functools.cache
+def _tls_connection_classes() -> tuple[type, type]:
+    """redis-py's SSLConnection, sync and asyncio, that bound the TLS handshake by the
+    connect timeout (redis-py's sync class waits up to the socket timeout, 10 s, for a
+    handshake a plain-text port never answers) and, when it fails other than on the
+    certificate, ask the port in plain text whether a Redis answers there, to say so."""
+    from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+    from redis.connection import SSLConnection
+
+    class FelixSSLConnection(SSLConnection):
+        def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+            sock.settimeout(self.socket_connect_timeout)  # the handshake is part of connecting
+            try:
+                wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+            except ssl.SSLCertVerificationError:
+                raise
+            except OSError as exc:
+                plain = _plain_redis_answers(self.host, self.port, min(1.0, self.socket_connect_timeout or 1.0))
+                if plain is None:
+                    raise
+                raise _tls_failure(self.host, self.port, exc, self.socket_connect_timeout, plain) from exc
+            wrapped.settimeout(self.socket_timeout)
+            return wrapped
+
+    class AsyncFelixSSLConnection(AsyncSSLConnection):
+        async def _connect(self) -> None:
+            try:
+                await super()._connect()  # type: ignore[no-untyped-call]
+            except ssl.SSLCertVerificationError:
+                raise
+            except (ssl.SSLError, TimeoutError, _asyncio.TimeoutError) as exc:
+                # (the TCP connection and the handshake share one timeout here)
+                wait = min(1.0, self.socket_connect_timeout or 1.0)
+                plain = await _plain_redis_answers_async(self.host, self.port, wait)
+                if plain is None:
+                    raise
+                raise _tls_failure(self.host, self.port, exc, self.socket_connect_timeout, plain) from exc
+
+    return FelixSSLConnection, AsyncFelixSSLConnection
+
+
 def _memory_server(name: str) -> Any:
     import fakeredis
 
@@ -341,11 +571,10 @@ def sync_client(url: str) -> Any:
 
         return fakeredis.FakeRedis(server=_memory_server(parsed.name))
     if "sentinel" in parsed.scheme:
-        from redis.sentinel import Sentinel
-
+        sentinel_class = _sentinel_classes()[0]
         kwargs = _defaults(_conn_kwargs(parsed), _no_retry(False))
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
+        sentinel = sentinel_class(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)
+        return sentinel.master_for(parsed.service, db=parsed.db)
     if "cluster" in parsed.scheme:
         from redis.cluster import ClusterNode, RedisCluster
         from redis.exceptions import RedisClusterException
@@ -358,7 +587,10 @@ def sync_client(url: str) -> Any:
             hosts = ",".join(f"{h}:{p}" for h, p in parsed.hosts)
             raise ConnectionFailed(
                 f"cannot reach Redis Cluster at {hosts}: {str(exc).splitlines()[0][:300]}") from None
-    return redis.Redis.from_url(url, **_defaults(_plain_kwargs(parsed), _no_retry(False)))
+    kwargs = _defaults(_plain_kwargs(parsed), _no_retry(False))
+    if parsed.scheme == "rediss":
+        kwargs["connection_class"] = _tls_connection_classes()[0]
+    return redis.Redis.from_url(url, **kwargs)
 
 
 def async_client(url: str) -> Any:
@@ -371,14 +603,17 @@ def async_client(url: str) -> Any:
 
         return fakeredis.FakeAsyncRedis(server=_memory_server(parsed.name))
     if "sentinel" in parsed.scheme:
-        from redis.asyncio.sentinel import Sentinel
-
+        sentinel_class = _sentinel_classes()[1]
         kwargs = _defaults(_conn_kwargs(parsed), _no_retry(True))
-        sentinel = Sentinel(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)  # type: ignore[no-untyped-call]
+        sentinel = sentinel_class(parsed.hosts, sentinel_kwargs=_sentinel_kwargs(parsed, kwargs), **kwargs)
         return sentinel.master_for(parsed.service, db=parsed.db)
     if "cluster" in parsed.scheme:
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
         nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
         return RedisCluster(startup_nodes=nodes, **_defaults(_conn_kwargs(parsed), None))
-    return aioredis.Redis.from_url(url, **_defaults(_plain_kwargs(parsed), _no_retry(True)))
+    client = aioredis.Redis.from_url(url, **_defaults(_plain_kwargs(parsed), _no_retry(True)))
+    if parsed.scheme == "rediss":
+        # (the asyncio pool's from_url lets the URL's scheme choose the class: set it after)
+        client.connection_pool.connection_class = _tls_connection_classes()[1]
+    return client
