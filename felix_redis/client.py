@@ -520,9 +520,11 @@ class Client:
     ) -> list[bool]:
         """Finishes many records of one shard in one script call, each on its own: per
         offset, True acked now, False finished already. When some were never delivered,
-        the others are acked all the same and :class:`~felix_redis.models.NotDelivered`
-        (a NotFound) is raised, its ``outcomes`` holding None for those. Malformed
-        offsets or claims are refused (InvalidArgument) before anything is written."""
+        the others are acked all the same and :class:`~felix_redis.errors.NotDelivered`
+        (a NotFound) is raised, its ``outcomes`` holding None for those. References
+        that cannot be read (a malformed claim, another shard's record) are reported the
+        same way, by :class:`~felix_redis.errors.MalformedClaims` (an InvalidArgument);
+        when none can be read, nothing is written."""
         return self._drive(self.core.group_ack(tenant, namespace, stream, shard, group, offsets))
 
     def group_nack(

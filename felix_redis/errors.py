@@ -13,6 +13,8 @@ __all__ = [
     "FelixError",
     "GroupExists",
     "InvalidArgument",
+    "MalformedClaims",
+    "NotDelivered",
     "NotFound",
     "NotInstalled",
     "NotReplicated",
@@ -35,6 +37,19 @@ class NotFound(FelixError):
     """The stream, group, shard or record does not exist."""
 
 
+class NotDelivered(NotFound):
+    """An ack named records never delivered to the group (``group_ack_many``, a sharded
+    group's ``ack_many``); every other record of the call was settled all the same.
+    ``outcomes``: one per record given, in order: True acked now, False finished
+    already, None not settled (for a sharded ``ack_many``: by shard, each shard's in
+    the order given). ``records``: the ``SHARD:OFFSET`` never delivered."""
+
+    def __init__(self, message: str, outcomes: list[bool | None], records: list[str]) -> None:
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.records = records
+
+
 class GroupExists(FelixError):
     """``group_create`` for a group that exists already."""
 
@@ -49,6 +64,18 @@ class StaleClaim(FelixError):
 
 class InvalidArgument(FelixError, ValueError):
     """Bad input: a name, claim, number or payload that cannot be accepted."""
+
+
+class MalformedClaims(InvalidArgument):
+    """``group_ack_many`` named records it cannot read (a malformed claim, another
+    shard's record, a bad offset); every other record of the call was settled all the
+    same. ``outcomes`` as :class:`NotDelivered`'s (None: not settled: malformed, or
+    never delivered); ``records``: the references refused, as given."""
+
+    def __init__(self, message: str, outcomes: list[bool | None], records: list[str]) -> None:
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.records = records
 
 
 class SequenceError(InvalidArgument):

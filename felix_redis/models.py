@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from felix_redis.errors import InvalidArgument, NotFound
+from felix_redis.errors import InvalidArgument
 from felix_redis.keys import key_slot
 
 __all__ = [
     "Claim",
     "DeadLetter",
     "GroupInfo",
-    "NotDelivered",
     "Published",
     "Record",
     "ShardState",
@@ -120,19 +119,6 @@ def parse_claim(text: str, *, attempts_required: bool = True) -> Claim:
     if attempts is not None and attempts < 1:
         raise InvalidArgument(f"malformed claim {text!r}: attempts start at 1")
     return Claim(int(match.group(1)), int(match.group(2)), attempts)
-
-
-class NotDelivered(NotFound):
-    """An ack named records never delivered to the group (``group_ack_many``, a sharded
-    group's ``ack_many``); every other record of the call was settled all the same.
-    ``outcomes``: one per offset given to ``group_ack_many``, in order: True acked now,
-    False finished already, None never delivered (for a sharded ``ack_many``: by shard,
-    each shard's in the order given). ``records``: the ``SHARD:OFFSET`` never delivered."""
-
-    def __init__(self, message: str, outcomes: list[bool | None], records: list[str]) -> None:
-        super().__init__(message)
-        self.outcomes = outcomes
-        self.records = records
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ from felix_redis.errors import (
     FelixError,
     GroupExists,
     InvalidArgument,
+    MalformedClaims,
+    NotDelivered,
     NotFound,
     NotReplicated,
     PermissionDenied,
@@ -49,7 +51,7 @@ from felix_redis.keys import (
     tenants_key,
     valid_name,
 )
-from felix_redis.models import DeadLetter, GroupInfo, NotDelivered, Published, Record, ShardState, StreamInfo
+from felix_redis.models import DeadLetter, GroupInfo, Published, Record, ShardState, StreamInfo
 from felix_redis.plans import (
     TRANSIENT_ERRORS,
     Batch,
@@ -95,6 +97,43 @@ def not_delivered(context: str, claims: list[str], statuses: list[int], one_shar
         settled = len(statuses) - len(missing)
         message += f"; the other {settled} {'was' if settled == 1 else 'were'} settled"
     return NotDelivered(message, [None if x == -1 else x == 1 for x in statuses], missing)
+
+
+def readable_offsets(refs: list[Any], shard: int) -> tuple[list[int], dict[int, InvalidArgument]]:
+    """The offsets of the references of ``refs`` that can be read, and the error of
+    each that cannot, by its index; InvalidArgument when none can (nothing is sent)."""
+    offsets: list[int] = []
+    refused: dict[int, InvalidArgument] = {}
+    for i, ref in enumerate(refs):
+        try:
+            offsets += offsets_of([ref], shard)
+        except InvalidArgument as exc:
+            refused[i] = exc
+    if not offsets:
+        raise next(iter(refused.values()))
+    return offsets, refused
+
+
+def malformed_claims(
+    context: str, refs: list[Any], offsets: list[int], statuses: list[int], refused: dict[int, InvalidArgument],
+) -> MalformedClaims:
+    """The error for an ack some of whose references could not be read: the others
+    were settled (statuses of ``offsets``: 1 acked now, 0 finished already, -1 never
+    delivered), and it names each refused one and why."""
+    readable = iter(statuses)
+    given = len(refs)
+    outcomes: list[bool | None] = []
+    for i in range(given):
+        status = None if i in refused else next(readable)
+        outcomes.append(None if status is None or status == -1 else status == 1)
+    why = "; ".join(str(exc) for exc in list(refused.values())[:10])
+    never = [str(off) for off, x in zip(offsets, statuses, strict=True) if x == -1]
+    message = f"{context}: {len(refused)} of {given} record references refused ({why})"
+    if never:
+        message += f"; record(s) {', '.join(never[:10])} not delivered to this group"
+    settled = sum(1 for x in statuses if x != -1)
+    message += f"; the other {settled} settled"
+    return MalformedClaims(message, outcomes, [str(refs[i]) for i in refused])
 
 
 class Core:
@@ -858,18 +897,28 @@ class Core:
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
     ) -> Plan[list[bool]]:
-        """Acks records of one shard, each on its own (:func:`not_delivered`)."""
+        """Acks records of one shard, each on its own: records never delivered raise
+        NotDelivered (:func:`not_delivered`), references that cannot be read (malformed,
+        another shard's) MalformedClaims, each after the others were acked. When no
+        reference can be read, nothing is sent (InvalidArgument)."""
         _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
             or (yield from self.group_op(tenant, namespace, stream, shard, group))
-        offsets = offsets_of(refs if type(refs) is list else check_list(refs, "offsets"), shard)
+        refs = refs if type(refs) is list else check_list(refs, "offsets")
+        try:
+            offsets, refused = offsets_of(refs, shard), None
+        except InvalidArgument:
+            offsets, refused = readable_offsets(refs, shard)
         if not offsets:
             return []
         if len(offsets) > C.MAX_BATCH:
             raise InvalidArgument(f"ack takes at most {C.MAX_BATCH} offsets at once")
         reply = yield Eval("group_ack", keys, offsets, context, settings.replicas)
-        if -1 in reply:
-            raise not_delivered(context, [f"{shard}:{off}" for off in offsets], [int(x) for x in reply], True)
-        return [x == 1 for x in reply]
+        statuses = [int(x) for x in reply]
+        if refused:
+            raise malformed_claims(context, refs, offsets, statuses, refused)
+        if -1 in statuses:
+            raise not_delivered(context, [f"{shard}:{off}" for off in offsets], statuses, True)
+        return [x == 1 for x in statuses]
 
     def group_nack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, ref: object,

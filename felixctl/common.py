@@ -269,6 +269,14 @@ class ClaimRunner:
                     f"{shards} shard{'s' if shards != 1 else ''}); nothing was done"
                 )
 
+    def refuse(self, label: str, message: str, counted: bool = False) -> None:
+        """Remembers a claim that failed on its own (``counted``: :meth:`each` counted it
+        already) for :meth:`finish`; the others go on."""
+        if not counted:
+            self.total += 1
+        self.failed += 1
+        self.errors.append(f"{label}: {message}")
+
     @contextlib.contextmanager
     def each(self, label: str, count: int = 1) -> Iterator[None]:
         """Runs the block for the claim(s) ``label`` (``count`` of them); a FelixError is

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 import click
 
 from felix_redis import GroupInfo, Record
+from felix_redis.errors import FelixError, NotDelivered
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
-from felix_redis.models import NotDelivered
+from felix_redis.models import parse_claim
 from felixctl.common import (
     ClaimRunner,
     Ctl,
@@ -320,7 +321,8 @@ def poll(
 @group.command("ack", epilog=examples(
     "felixctl group ack jobs workers 0:15:1",
     "felixctl group ack jobs workers 0:15:1 1:7:2",
-    note="Each claim is settled on its own: one never delivered is reported and does not stop the others.",
+    note="Each claim is settled on its own: a bad one (malformed, never delivered, of a shard the stream "
+    "does not have) is reported and does not stop the others; exit 1 when any failed.",
 ))
 @stream_argument
 @group_argument
@@ -331,9 +333,20 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
 
     CLAIM is SHARD:OFFSET:ATTEMPTS as poll printed it (SHARD:OFFSET works too).
     """
-    parsed = parse_claims(claims, attempts_required=False)
     runner = ClaimRunner(ctl.url)
-    runner.check(ctl, stream, group, parsed)
+    shards = len(ctl.client.group_describe(*ctl.where(stream), group).shards)  # unknown stream or group: nothing done
+    parsed = []
+    for text in claims:
+        try:
+            claim = parse_claim(text, attempts_required=False)
+        except FelixError as exc:  # malformed: reported, the others go on
+            runner.refuse(visible(text), str(exc))
+            continue
+        if not 0 <= claim.shard < shards:
+            runner.refuse(str(claim), f"shard {claim.shard} does not exist (stream {ctl.path(stream)} has "
+                                      f"{shards} shard{'s' if shards != 1 else ''})")
+            continue
+        parsed.append(claim)
     for shard, group_claims in by_shard(parsed).items():
         outcomes: list[bool | None] = []
         with runner.each(" ".join(str(c) for c in group_claims), len(group_claims)):
@@ -345,8 +358,8 @@ def ack(ctl: Ctl, stream: str, group: str, claims: tuple[str, ...]) -> None:
                 outcomes = exc.outcomes
                 for claim, outcome in zip(group_claims, outcomes, strict=True):
                     if outcome is None:
-                        runner.failed += 1
-                        runner.errors.append(f"{claim}: record {claim.offset} has not been delivered to this group")
+                        runner.refuse(str(claim), f"record {claim.offset} has not been delivered to this group",
+                                      counted=True)
         for claim, outcome in zip(group_claims, outcomes, strict=False):
             if outcome is not None:
                 click.echo(f"acked {claim}" if outcome else f"{claim} was finished already")

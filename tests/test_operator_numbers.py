@@ -154,6 +154,15 @@ def test_felixctl_ack_reports_each_claim(raw: redis.Redis, redis_url: str) -> No
         assert line.startswith("felixctl: error: 1 of 3 failed: 0:50:1: ") and "not been delivered" in line
         shards = client.group_describe(T, N, "q", "wk").shards
         assert [s.in_flight for s in shards] == [3, 3], "0:3 and 1:2 were acked"
+        # malformed claims and a shard the stream lacks: reported, the others acked all the same
+        result = felixctl(redis_url, "group", "ack", "q", "wk", "bogus", "0:2:1", "0:01:1", "7:1:1", "1:1:1")
+        assert result.returncode == 1, result
+        assert result.stdout.splitlines() == ["acked 0:2:1", "acked 1:1:1"]
+        [line] = result.stderr.splitlines()
+        assert line.startswith("felixctl: error: 3 of 5 failed: ")
+        assert "bogus: " in line and "0:01:1: " in line and "shard 7 does not exist" in line
+        shards = client.group_describe(T, N, "q", "wk").shards
+        assert [s.in_flight for s in shards] == [2, 2], "0:2 and 1:1 were acked too"
     finally:
         client.close()
 
@@ -236,9 +245,27 @@ def test_every_settle_refuses_a_lenient_claim_before_writing(
                 with pytest.raises(InvalidArgument, match="malformed claim"):
                     op(T, N, S, 0, G, text)
             with pytest.raises(InvalidArgument, match="malformed claim"):
-                client.group_ack_many(T, N, S, 0, G, ["0:2:1", text])
+                client.group_ack_many(T, N, S, 0, G, [text])  # nothing readable: nothing written
             with pytest.raises(InvalidArgument, match="malformed claim"):
                 client.group_sharded(T, N, S, G).ack_many(["0:2:1", text])
+
+
+def test_ack_many_reports_a_malformed_claim_and_settles_the_others(client: felix_redis.Client) -> None:
+    """CONTRACT, 'Describe: the unfinished backlog': group_ack_many settles each claim on
+    its own; a bad one (never delivered, malformed) is reported and does not stop the others."""
+    client.stream_create(T, N, S, shards=2)
+    client.group_create(T, N, S, G)
+    for i in range(6):
+        client.publish(T, N, S, f"r{i}", shard=0)
+    records = client.group_poll(T, N, S, 0, G, max_records=5)
+    refs = [records[0], "0:1:1 ", "0:1_0:1", 40, "1:0:1", records[2].claim, "junk"]
+    with pytest.raises(felix_redis.MalformedClaims, match="malformed claim") as raised:
+        client.group_ack_many(T, N, S, 0, G, refs)
+    assert raised.value.outcomes == [True, None, None, None, None, True, None]
+    assert raised.value.records == ["0:1:1 ", "0:1_0:1", "1:0:1", "junk"]
+    assert "record(s) 40 not delivered" in str(raised.value)
+    [shard0, _shard1] = client.group_describe(T, N, S, G).shards
+    assert (shard0.position, shard0.in_flight) == (1, 3), "0 and 2 acked; 1, 3 and 4 still held"
 
 
 def test_felixctl_refuses_a_padded_claim(raw: redis.Redis, redis_url: str) -> None:
