@@ -89,16 +89,10 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tupl
             yield from _commands(command, (*prefix, name))
 
 
-#: Commands documented with their own module (felixctl/worker_cmd.py, docs/worker.md).
-ELSEWHERE = {("worker",), ("metrics",)}
-
-
 @pytest.mark.parametrize("path", [(), *_commands(cli)], ids=lambda p: " ".join(p) or "felixctl")
 def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
     result = CliRunner().invoke(cli, [*path, "--help"])
     assert result.exit_code == 0
-    if path in ELSEWHERE:
-        return
     assert "Examples:" in result.stdout
     assert f"felixctl {' '.join(path)}".strip() in result.stdout
 
