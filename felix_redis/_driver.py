@@ -72,7 +72,10 @@ def translate(exc: Exception, op: Op, server: str) -> Exception:
     # no connection was made (no sentinel named a primary, a port that does not take TLS):
     # the call was not sent
     unsent = isinstance(exc, (SentinelsFailed, NotTlsError))
-    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc, server)}", unsent=unsent)
+    sentinels = exc if isinstance(exc, SentinelsFailed) else exc.__cause__
+    final = isinstance(sentinels, SentinelsFailed) and sentinels.hopeless
+    return ConnectionFailed(f"cannot reach Redis at {server}: {_short(exc, server)}", unsent=unsent or final,
+                            final=final)
 
 
 #: How servers say no password was sent (redis-py drops the NOAUTH code): to a command,
@@ -207,7 +210,7 @@ class BatchRun:
                 again.append(i)
             else:
                 result = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
-                if isinstance(result, ConnectionFailed) and result.unsent:
+                if isinstance(result, ConnectionFailed) and result.unsent and not result.final:
                     pause = next(self._delays, None) if pause is None else pause
                     if pause is not None:
                         again.append(i)  # it did not run: once more, after the pause

@@ -349,8 +349,11 @@ class SentinelsFailed(*_sentinel_error_classes()):  # type: ignore[misc]
     or another service name). Its message says so, naming the sentinels; redis-py's own
     keeps each sentinel's client repr and error repr in one long line."""
 
-    def __init__(self, service: str, failures: list[tuple[str, BaseException]], answered: list[str]) -> None:
+    def __init__(self, service: str, failures: list[tuple[str, BaseException]], answered: list[str],
+                 never_answered: bool = False) -> None:
         self.service, self.failures, self.answered = service, failures, answered
+        #: no sentinel has ever answered this client (its first try, or all tries since)
+        self.never_answered = never_answered
         super().__init__(_sentinels_message(service, failures, answered))
 
     @property
@@ -358,6 +361,13 @@ class SentinelsFailed(*_sentinel_error_classes()):  # type: ignore[misc]
         """Every sentinel refused the connection: none is running at those addresses."""
         return not self.answered and bool(self.failures) and all(
             _sentinel_failure(exc)[0] == "refused" for _, exc in self.failures)
+
+    @property
+    def hopeless(self) -> bool:
+        """Every sentinel refused the connection and none ever answered this client:
+        nothing runs at those addresses (a wrong URL, or none started), so waiting cannot
+        help. Sentinels that answered once may be restarting: those are waited for."""
+        return self.never_answered and self.all_refused
 
 
 def _sentinel_failure(exc: BaseException) -> tuple[str, str]:
@@ -425,13 +435,14 @@ def _sentinel_classes() -> tuple[type, type]:
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     failures.append((_sentinel_address(sentinel), exc))
                     continue
+                self.answered_once = True
                 state = masters.get(service_name)
                 if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
                     self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
                     ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
                     return ip, state["port"]
                 answered.append(_sentinel_address(sentinel))
-            raise SentinelsFailed(service_name, failures, answered)
+            raise SentinelsFailed(service_name, failures, answered, not getattr(self, "answered_once", False))
 
     class AsyncFelixSentinel(AsyncSentinel):
         async def discover_master(self, service_name: str) -> tuple[str, Any]:
@@ -443,13 +454,14 @@ def _sentinel_classes() -> tuple[type, type]:
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     failures.append((_sentinel_address(sentinel), exc))
                     continue
+                self.answered_once = True
                 state = masters.get(service_name)
                 if state and self.check_master_state(state, service_name):
                     self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
                     ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
                     return ip, state["port"]
                 answered.append(_sentinel_address(sentinel))
-            raise SentinelsFailed(service_name, failures, answered)
+            raise SentinelsFailed(service_name, failures, answered, not getattr(self, "answered_once", False))
 
     return FelixSentinel, AsyncFelixSentinel
 

@@ -110,11 +110,14 @@ class ConnectionFailed(FelixError, ConnectionError):
 
     ``unsent`` is True when the call certainly did not run: no connection could be made,
     or the server refused it before running it (a replica, a failover or restart under
-    way, a slot that moved). Such a call may be sent again whatever it does."""
+    way, a slot that moved). Such a call may be sent again whatever it does. ``final``:
+    trying again cannot help (no sentinel of the URL has ever answered this client), so
+    the client does not wait out its retry budget."""
 
-    def __init__(self, message: str = "", *, unsent: bool = False) -> None:
+    def __init__(self, message: str = "", *, unsent: bool = False, final: bool = False) -> None:
         super().__init__(message)
         self.unsent = unsent
+        self.final = final
 
 
 class OutcomeUnknown(ConnectionFailed):

@@ -155,6 +155,8 @@ class Retrying:
         self.delays: Generator[float, None, None] | None = None
 
     def pause(self, exc: ConnectionFailed) -> float:
+        if exc.final:
+            raise exc
         if type(self.op) is BlockAny:
             return self.BLOCK_PAUSE
         if not (self.safe or exc.unsent):
