@@ -4,7 +4,7 @@
 -- unfinished (owed or in flight under a newer lease) finishes it. Each offset is
 -- settled on its own: one never delivered is reported (-1) and the others are acked.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1..] offsets   1..10000 offsets (integers) of delivered records
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key

@@ -1,7 +1,7 @@
 -- group_configure: change a group's visibility timeout and/or max attempts on one shard.
 -- Leases already granted keep their expiry. Safe to run twice.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1] vt_ms         integer 1..604800000, or '' to keep
 -- ARGV[2] max_attempts  integer 1..1000000, or '' to keep
 -- ARGV[3] check         '1': validate only and write nothing; '0': configure

@@ -2,7 +2,7 @@
 -- the tail ('latest') or an offset. Safe to run twice: with strict=0 an existing group
 -- is left as it is.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- KEYS[14] groups    set: names of the groups on this shard
 -- ARGV[1] name        the group name: the one KEYS[3] is of
 -- ARGV[2] start       'earliest', 'latest' or an offset (integer, 0..tail)

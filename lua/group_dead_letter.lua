@@ -2,7 +2,7 @@
 -- time, reason; the record stays in the log). The group moves past it. Needs the
 -- current claim.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1] offset      integer, the record
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] reason      text, at most 4096 bytes

@@ -1,6 +1,6 @@
 -- group_dead_letters: list a group's dead letters on one shard. Writes nothing.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- (no ARGV)
 --
 -- Returns: flat list OFFSET, "ATTEMPTS|MS|REASON", ... in no particular order.

@@ -4,7 +4,7 @@
 -- group's records); a name without a group hash counts as no group (stream_info,
 -- stream_trim); stream_delete (stream.admin) removes the set.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- KEYS[14] groups    set: names of the groups on this shard
 -- ARGV[1] name       the group name: the one KEYS[3] is of
 -- ARGV[2] check      '1': validate only and write nothing; '0': delete

@@ -1,6 +1,6 @@
 -- group_describe: a group's state on one shard, for operators. Writes nothing.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- (no ARGV)
 --
 -- Returns: {position, tail, next, owed, in_flight, dead, oldest unfinished age ms (-1:

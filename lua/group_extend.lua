@@ -1,7 +1,7 @@
 -- group_extend: set a held lease to expire by_ms from now (server time). Needs the
 -- current claim. Safe to run twice.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1] offset      integer, the record
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] by_ms       integer 1..604800000, or '' for the group's visibility timeout

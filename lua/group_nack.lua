@@ -1,7 +1,7 @@
 -- group_nack: hand a record back: owed again after delay_ms, or a dead letter when its
 -- deliveries reached max_attempts. Needs the current claim.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1] offset      integer, the record
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] delay_ms    integer 0..604800000, redeliver no sooner than this

@@ -5,7 +5,7 @@
 -- Scripts never block: the reply says when the next owed record or lease falls due and
 -- where to block (log tail, wake sequence) so no wake-up is missed.
 --
--- KEYS[1..13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once

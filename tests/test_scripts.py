@@ -25,7 +25,7 @@ ARGV_RANGE = re.compile(r"^--\s*ARGV\[(\d+)\.\.(\d*)\]", re.M)
 
 #: A script's header line that stands for the group key block, which
 #: lua/includes/group.lua's header describes key by key (written once, there).
-GROUP_BLOCK = re.compile(r"^--\s*KEYS\[1\.\.13\]: the group key block\b")
+GROUP_BLOCK = re.compile(r"^--\s*KEYS\[1\]\.\.KEYS\[13\]: the group key block\b")
 
 
 def header(name: str, root: Path = LUA) -> str:

@@ -2,7 +2,7 @@
 -- and saving the state (S), waking long-pollers, releasing an owner.
 -- The group key block: scripts that include it receive KEYS in this order
 -- (felix_redis.keys: SHARD_ROLES, then GROUP_ROLES); their headers stand for it with
--- the one line "-- KEYS[1..13]: the group key block" (tests/test_scripts.py expands it).
+-- the one line "-- KEYS[1]..KEYS[13]: the group key block" (tests/test_scripts.py expands it).
 -- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
