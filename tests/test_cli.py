@@ -450,10 +450,15 @@ def test_stale_and_malformed_claims(jobs: Run, client: felix_redis.Client) -> No
         return [(s.position, s.owed, s.in_flight, s.dead) for s in client.group_describe(*W, "workers").shards]
 
     before = state()
-    for command in ("ack", "nack", "extend", "dead-letter"):
+    for command in ("nack", "extend", "dead-letter"):
         failed(jobs("group", command, "jobs", "workers", "0:0:2", "not-a-claim"), "malformed claim")
     failed(jobs("group", "nack", "jobs", "workers", "0:0"), "malformed claim")
     assert state() == before
+    # ack settles each claim on its own (CONTRACT): the malformed one is reported, 0:0:2 acked
+    result = jobs("group", "ack", "jobs", "workers", "0:0:2", "not-a-claim")
+    failed(result, "malformed claim")
+    assert result.stdout == "acked 0:0:2\n"
+    assert state() == [(1, 0, 0, 0)]
     failed(jobs("group", "ack", "jobs", "nope", "0:0:2"), "nope")
     assert jobs("group", "ack", "jobs", "workers").exit_code == 2
 
@@ -546,9 +551,10 @@ def test_group_describe_watch_refreshes(felixctl: Run) -> None:
 
 
 def test_several_claims_fail_in_one_error_line_and_bad_shards_change_nothing(felixctl: Run) -> None:
-    """A claim of a shard the stream lacks, or an unknown group, fails before anything
-    is done; claims that fail on their own are reported together in one line, after the
-    others were settled."""
+    """An unknown group, or (for nack, extend, dead-letter) a claim of a shard the stream
+    lacks, fails before anything is done; claims that fail on their own are reported
+    together in one line, after the others were settled. ack settles each claim on its
+    own (CONTRACT): a shard the stream lacks is one more claim that failed."""
     ok(felixctl("stream", "create", "s2", "--shards", "2"))
     ok(felixctl("group", "create", "s2", "g"))
     for shard in (0, 0, 1):
@@ -556,16 +562,15 @@ def test_several_claims_fail_in_one_error_line_and_bad_shards_change_nothing(fel
     polled = sorted(claims(ok(felixctl("group", "poll", "s2", "g", "--max", "5"))))
     assert polled == ["0:0:1", "0:1:1", "1:0:1"]
 
-    line = failed(felixctl("group", "ack", "s2", "g", "0:0:1", "7:0:1"), "shard 7 does not exist", "nothing")
-    assert "7:0:1" in line
     failed(felixctl("group", "ack", "s2", "nope", "0:0:1", "1:0:1"), "nope")
-    failed(felixctl("group", "nack", "s2", "g", "0:0:1", "2:0:1"), "shard 2 does not exist")
+    line = failed(felixctl("group", "nack", "s2", "g", "0:0:1", "2:0:1"), "shard 2 does not exist", "nothing")
+    assert "2:0:1" in line
     describe = json.loads(ok(felixctl("group", "describe", "s2", "g", "-o", "json")))
     assert [s["in_flight"] for s in describe["shards"]] == [2, 1]  # nothing was acked nor nacked
 
-    result = felixctl("group", "ack", "s2", "g", "0:0:1", "1:5:1")
+    result = felixctl("group", "ack", "s2", "g", "0:0:1", "7:0:1", "1:5:1")
     assert result.stdout == "acked 0:0:1\n"
-    line = failed(result, "1 of 2 failed", "1:5:1")
+    line = failed(result, "2 of 3 failed", "7:0:1", "shard 7 does not exist", "1:5:1")
     assert len(result.stderr.strip().splitlines()) == 1
 
     result = felixctl("group", "nack", "s2", "g", "0:1:1", "0:1:9", "1:0:9")
