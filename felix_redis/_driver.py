@@ -271,6 +271,18 @@ class Item:
         return self.record.key
 
     @property
+    def headers(self) -> dict[str, str]:
+        return self.record.headers
+
+    @property
+    def deliver_at(self) -> datetime | None:
+        return self.record.deliver_at
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return self.record.expires_at
+
+    @property
     def claim(self) -> str:
         return self.record.claim
 

@@ -13,7 +13,8 @@ grant it, least privilege first:
   ``redis.acl_check_cmd`` before it does anything;
 * selectors ``(...)`` give the write commands the scripts use, only on the keys the role
   writes: a consumer its group's keys; a manager also ``SADD`` (never ``SREM``) on the
-  groups set; a publisher ``HSET``/``HDEL`` on meta and ``XADD``/``XTRIM`` on the log
+  groups set; a publisher ``HSET``/``HDEL`` on meta, ``XADD``/``XTRIM`` on the log and
+  ``ZADD``/``ZREMRANGEBYSCORE`` on the shard's due index
   (never ``DEL``, never the settings in conf); an admin every key of its stream and its
   tenant's registry.
 
@@ -68,7 +69,9 @@ CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "command", "asking")
 #: scripts write with. No role but stream.admin may DEL a key outside its own group.
 GROUP_WRITE_COMMANDS = ("hset", "hdel", "zadd", "zrem", "xadd", "del")
 #: Granted to stream.admin on every key of its stream.
-ADMIN_WRITE_COMMANDS = ("hset", "hdel", "sadd", "srem", "zadd", "zrem", "xadd", "xtrim", "del")
+ADMIN_WRITE_COMMANDS = (
+    "hset", "hdel", "sadd", "srem", "zadd", "zrem", "zremrangebyscore", "xadd", "xtrim", "del",
+)
 #: Every write command some role holds (on its own keys only).
 WRITE_COMMANDS = ADMIN_WRITE_COMMANDS
 
@@ -106,7 +109,7 @@ def rules(
     p = _glob(prefix)
     base = f"{p}:{{{_glob(f'{tenant}/{namespace}/{stream}')}/*}}"
     cap = capability_key(p, f"{_glob(f'{tenant}/{namespace}/{stream}')}/*", role, group)
-    shard_patterns = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
+    shard_patterns = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf", f"{base}:due"]
     writes: list[tuple[tuple[str, ...], list[str]]]  # (commands, key patterns) per selector
     if role in GROUP_ROLE_CAPS:
         assert group is not None
@@ -121,7 +124,9 @@ def rules(
         # trimming (after a publish, when the stream has retention) reads every group's
         # position; the producers' states live in meta; the settings (conf) are read only
         read = [*shard_patterns, f"{base}:g:*", cap]
-        writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"])]
+        # the due index: delayed publishes add to it, trimming prunes what every group passed
+        writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"]),
+                  (("zadd", "zremrangebyscore"), [f"{base}:due"])]
     else:  # stream.admin: every key of the stream, and its tenant's registry
         read = [f"{base}:*", cap, registry_key(p, _glob(tenant))]
         writes = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from redis.exceptions import AskError, ReadOnlyError, ResponseError
@@ -29,6 +30,7 @@ from felix_redis._driver import (
     translate,
     with_nodes,
 )
+from felix_redis.checks import KEEP, publish_extras
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
@@ -409,23 +411,36 @@ class AsyncClient(_AwaitsToItself):
 
     async def publish(
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        return await self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key))
+        extras = None
+        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
+            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        return await self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
 
     async def publish_keyed(
-        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
-        return (await self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key)))[0]
+        return (await self.publish_batch(
+            tenant, namespace, stream, [payload], key=check_record_key(key), delay=delay, deliver_at=deliver_at,
+            expires_in=expires_in, headers=headers))[0]
 
     async def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> list[Published]:
         raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
-        s, first, count = await self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
+        s, first, count = await self._drive(
+            self.core.publish_plain(tenant, namespace, stream, raw, shard, key, extras))
         return [Published(s, first + i) for i in range(count)]
 
     async def idempotent_producer(self) -> AsyncIdempotentProducer:
@@ -437,17 +452,19 @@ class AsyncClient(_AwaitsToItself):
 
     async def group_create(
         self, tenant: str, namespace: str, stream: str, group: str, start: str | int = "earliest",
-        visibility_timeout_ms: int | None = None, max_attempts: int | None = None,
+        visibility_timeout_ms: int | None = None, max_attempts: int | None = None, *,
+        rate_limit: tuple[int, float] | None = None,
     ) -> None:
         await self._drive(self.core.group_create(
-            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts))
+            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts, rate_limit))
 
     async def group_configure(
         self, tenant: str, namespace: str, stream: str, group: str,
-        visibility_timeout_ms: int | None = None, max_attempts: int | None = None,
+        visibility_timeout_ms: int | None = None, max_attempts: int | None = None, *,
+        rate_limit: tuple[int, float] | None = KEEP,
     ) -> None:
         await self._drive(self.core.group_configure(
-            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts))
+            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts, rate_limit))
 
     async def group_list(self, tenant: str, namespace: str, stream: str) -> list[str]:
         return await self._drive(self.core.group_list(tenant, namespace, stream))
@@ -595,28 +612,39 @@ class AsyncIdempotentProducer:
 
     async def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> list[Published]:
         raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         async with self._lock:
             s, first, count = await self._client._drive(self._client.core.publish(
-                tenant, namespace, stream, raw, shard, key, self._state))
+                tenant, namespace, stream, raw, shard, key, self._state, extras))
         return [Published(s, first + i) for i in range(count)]
 
     async def publish(
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        extras = None
+        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
+            extras = publish_extras(delay, deliver_at, expires_in, headers)
         async with self._lock:
             return await self._client._drive(self._client.core.publish_one(
-                tenant, namespace, stream, payload, shard, key, self._state))
+                tenant, namespace, stream, payload, shard, key, self._state, extras))
 
     async def publish_keyed(
-        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
-        return await self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
+        return await self.publish(tenant, namespace, stream, payload, key=check_record_key(key), delay=delay,
+                                  deliver_at=deliver_at, expires_in=expires_in, headers=headers)
 
 
 class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):

@@ -135,14 +135,14 @@ class Caches:
         return name, settings, shard, keys, context
 
     def group_shard_keys(self, name: StreamName, shard: int, group: str) -> tuple[list[str], str]:
-        """The keys of a group on a shard (shard roles, then group roles) and the context
-        errors name; ``shard`` and ``group`` must have been checked. The keys list is
-        shared: callers must not change it."""
+        """The keys of a group on a shard (shard roles, then group roles, then the shard's
+        due index) and the context errors name; ``shard`` and ``group`` must have been
+        checked. The keys list is shared: callers must not change it."""
         where = (name.tenant, name.namespace, name.stream, shard, group)
         plain = _plain(*where)
         hit = self.groups.get(where) if plain else None
         if hit is None or hit[0].spread != name.spread:
-            keys = [*name.shard_keys(shard), *name.group_keys(shard, group)]
+            keys = [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)]
             hit = (name, name.path, keys, f"group {group} on stream {name.path} shard {shard}")
             if plain:
                 _remember(self.groups, where, hit)

@@ -4,8 +4,13 @@ refuses bad input with an InvalidArgument naming it, before anything is sent."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from felix_redis import constants as C
@@ -118,3 +123,126 @@ def ack_offsets(refs: Iterable[Any], shard: int) -> list[int]:
     if len(offsets) > C.MAX_BATCH:
         raise InvalidArgument(f"a poll acks at most {C.MAX_BATCH} records at once, got {len(offsets)}")
     return offsets
+
+
+#: 366 days, the longest delay or expiry a publish takes (ms).
+MAX_TIME_AHEAD_MS = 366 * 24 * 3600 * 1000
+#: Header limits (docs/concepts.md): names, count, bytes of names and values in all.
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 16384
+_HEADER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """A publish's delivery time, expiry and headers, as the publish script takes them
+    (ARGV[5..7] of lua/publish.lua): ``deliver`` '' (at once), '+MS' (after the publish,
+    server clock) or '@MS' (ms since the epoch); ``expires`` '' or MS after the publish;
+    ``headers`` b'' or a JSON object."""
+
+    deliver: str = ""
+    expires: str = ""
+    headers: bytes = b""
+
+    @property
+    def delayed(self) -> bool:
+        return self.deliver != ""
+
+
+def _ahead_ms(value: object, what: str, lo_ms: int) -> int:
+    """Seconds ahead (a delay or an expiry) as whole ms, rounded up (never early)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, got {value}")
+    if value < 0:
+        raise InvalidArgument(f"{what} must not be negative, got {value}")
+    ms = math.ceil(value * 1000) if value <= MAX_TIME_AHEAD_MS else MAX_TIME_AHEAD_MS + 1
+    if not lo_ms <= ms <= MAX_TIME_AHEAD_MS:
+        raise InvalidArgument(f"{what} must be between {lo_ms / 1000:g} seconds and 366 days, got {value}")
+    return ms
+
+
+def check_headers(headers: object) -> bytes:
+    """Headers (a dict of str to str) as the JSON object a record stores; b'' for none."""
+    if headers is None:
+        return b""
+    if not isinstance(headers, dict):
+        raise InvalidArgument(f"headers must be a dict of str to str, got {type(headers).__name__}")
+    if not headers:
+        return b""
+    if len(headers) > MAX_HEADERS:
+        raise InvalidArgument(f"headers: at most {MAX_HEADERS} headers, got {len(headers)}")
+    size = 0
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"header name {name!r} must be 1 to 128 characters of A-Z a-z 0-9 . _ -")
+        if not isinstance(value, str):
+            raise InvalidArgument(f"header {name!r} must have a str value, got {type(value).__name__}")
+        try:
+            size += len(name) + len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"header {name!r}: the value is not valid Unicode text") from None
+    if size > MAX_HEADER_BYTES:
+        raise InvalidArgument(f"headers hold at most {MAX_HEADER_BYTES} bytes of names and values, got {size}")
+    return json.dumps(headers, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def publish_extras(delay: object, deliver_at: object, expires_in: object, headers: object) -> Extras | None:
+    """The checked ``delay``/``deliver_at``/``expires_in``/``headers`` of a publish call;
+    None when it has none (a plain publish)."""
+    if delay is None and deliver_at is None and expires_in is None and not headers:
+        if headers is not None and not isinstance(headers, dict):
+            check_headers(headers)
+        return None
+    deliver = ""
+    if delay is not None and deliver_at is not None:
+        raise InvalidArgument("give either delay or deliver_at, not both")
+    if delay is not None:
+        deliver = f"+{_ahead_ms(delay, 'delay', 0)}"
+    elif deliver_at is not None:
+        if not isinstance(deliver_at, datetime):
+            raise InvalidArgument(f"deliver_at must be a timezone-aware datetime, got {type(deliver_at).__name__}")
+        if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+            raise InvalidArgument("deliver_at must be timezone-aware (a naive datetime has no definite time)")
+        at_ms = math.ceil(deliver_at.timestamp() * 1000)
+        # the server checks the 366 days against its own clock; far beyond is refused here
+        if at_ms > time.time() * 1000 + MAX_TIME_AHEAD_MS + 86_400_000:
+            raise InvalidArgument(f"deliver_at must be at most 366 days ahead, got {deliver_at.isoformat()}")
+        deliver = f"@{max(0, at_ms)}"
+    expires = "" if expires_in is None else str(_ahead_ms(expires_in, "expires_in", 1))
+    return Extras(deliver, expires, check_headers(headers))
+
+
+class _Keep:
+    """The default of a setting ``group_configure`` leaves as it is."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+#: ``group_configure(..., rate_limit=KEEP)``: the rate limit stays as it is.
+KEEP: Any = _Keep()
+
+
+def check_rate_limit(value: object) -> str:
+    """A rate limit ``(count, per_seconds)`` as the scripts take it ('COUNT PER_MS');
+    '' for none (None or (0, 0))."""
+    if value is None:
+        return ""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise InvalidArgument(f"rate_limit must be (count, per_seconds) or None, got {value!r}")
+    count, per = value
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise InvalidArgument(f"rate_limit count must be an integer, got {count!r}")
+    if count == 0 and per == 0:
+        return ""
+    if not 1 <= count <= 1_000_000:
+        raise InvalidArgument(f"rate_limit count must be between 1 and 1000000, got {count}")
+    if isinstance(per, bool) or not isinstance(per, (int, float)) or not math.isfinite(per):
+        raise InvalidArgument(f"rate_limit per_seconds must be a finite number of seconds, got {per!r}")
+    per_ms = round(per * 1000)
+    if not 1 <= per_ms <= 86_400_000:
+        raise InvalidArgument(f"rate_limit per_seconds must be between 0.001 and 86400 seconds, got {per}")
+    return f"{count} {per_ms}"

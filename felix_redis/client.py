@@ -8,6 +8,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from redis.exceptions import (
@@ -33,6 +34,7 @@ from felix_redis._driver import (
     translate,
     with_nodes,
 )
+from felix_redis.checks import KEEP, publish_extras
 from felix_redis.connection import default_retry_for, resolve_url, sync_client
 from felix_redis.errors import (
     ConnectionFailed,
@@ -399,17 +401,32 @@ class Client:
         payload: bytes | str,
         shard: int | None = None,
         key: str | bytes | None = None,
+        *,
+        delay: float | None = None,
+        deliver_at: datetime | None = None,
+        expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
-        """Appends one record. Routed by ``shard``, else by ``key``, else round-robin."""
+        """Appends one record. Routed by ``shard``, else by ``key``, else round-robin.
+        ``delay`` (seconds) or ``deliver_at`` (a timezone-aware datetime): no group
+        hands it out before then (server clock); ``expires_in`` (seconds): never handed
+        out after that (a group dead-letters it, reason ``expired``); ``headers``:
+        str to str, returned on the record (docs/concepts.md)."""
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        return self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key))
+        extras = None
+        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
+            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        return self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
 
     def publish_keyed(
-        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
         """Appends one record to the shard ``crc32(key) % shards``."""
-        return self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key))[0]
+        return self.publish_batch(tenant, namespace, stream, [payload], key=check_record_key(key), delay=delay,
+                                  deliver_at=deliver_at, expires_in=expires_in, headers=headers)[0]
 
     def publish_batch(
         self,
@@ -419,10 +436,17 @@ class Client:
         payloads: Sequence[bytes | str],
         shard: int | None = None,
         key: str | bytes | None = None,
+        *,
+        delay: float | None = None,
+        deliver_at: datetime | None = None,
+        expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> list[Published]:
-        """Appends many records to one shard atomically (one script call)."""
+        """Appends many records to one shard atomically (one script call); ``delay``,
+        ``deliver_at``, ``expires_in`` and ``headers`` apply to each."""
         raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
-        s, first, count = self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key))
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
+        s, first, count = self._drive(self.core.publish_plain(tenant, namespace, stream, raw, shard, key, extras))
         return [Published(s, first + i) for i in range(count)]
 
     def idempotent_producer(self) -> IdempotentProducer:
@@ -444,10 +468,13 @@ class Client:
         start: str | int = "earliest",
         visibility_timeout_ms: int | None = None,
         max_attempts: int | None = None,
+        *,
+        rate_limit: tuple[int, float] | None = None,
     ) -> None:
-        """Creates a group on every shard; ``GroupExists`` if it exists."""
+        """Creates a group on every shard; ``GroupExists`` if it exists. ``rate_limit``:
+        (count, per_seconds), at most count hand-outs per window on each shard."""
         self._drive(self.core.group_create(
-            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts))
+            tenant, namespace, stream, group, start, visibility_timeout_ms, max_attempts, rate_limit))
 
     def group_configure(
         self,
@@ -457,9 +484,13 @@ class Client:
         group: str,
         visibility_timeout_ms: int | None = None,
         max_attempts: int | None = None,
+        *,
+        rate_limit: tuple[int, float] | None = KEEP,
     ) -> None:
+        """Changes the settings given; ``rate_limit=None`` (or (0, 0)) removes the limit,
+        leaving it out keeps it."""
         self._drive(self.core.group_configure(
-            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts))
+            tenant, namespace, stream, group, visibility_timeout_ms, max_attempts, rate_limit))
 
     def group_list(self, tenant: str, namespace: str, stream: str) -> list[str]:
         return self._drive(self.core.group_list(tenant, namespace, stream))
@@ -676,28 +707,39 @@ class IdempotentProducer:
 
     def publish_batch(
         self, tenant: str, namespace: str, stream: str, payloads: Sequence[bytes | str],
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> list[Published]:
         raw = [as_bytes(p) for p in check_list(payloads, "payloads")]
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         with self._state.lock:
             s, first, count = self._client._drive(self._client.core.publish(
-                tenant, namespace, stream, raw, shard, key, self._state))
+                tenant, namespace, stream, raw, shard, key, self._state, extras))
         return [Published(s, first + i) for i in range(count)]
 
     def publish(
         self, tenant: str, namespace: str, stream: str, payload: bytes | str,
-        shard: int | None = None, key: str | bytes | None = None,
+        shard: int | None = None, key: str | bytes | None = None, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        extras = None
+        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
+            extras = publish_extras(delay, deliver_at, expires_in, headers)
         with self._state.lock:
             return self._client._drive(self._client.core.publish_one(
-                tenant, namespace, stream, payload, shard, key, self._state))
+                tenant, namespace, stream, payload, shard, key, self._state, extras))
 
     def publish_keyed(
-        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str
+        self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
+        delay: float | None = None, deliver_at: datetime | None = None, expires_in: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Published:
-        return self.publish(tenant, namespace, stream, payload, key=check_record_key(key))
+        return self.publish(tenant, namespace, stream, payload, key=check_record_key(key), delay=delay,
+                            deliver_at=deliver_at, expires_in=expires_in, headers=headers)
 
 
 class ShardedGroup(ShardedGroupBase):

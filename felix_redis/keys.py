@@ -178,6 +178,11 @@ class StreamName:
         base = self.base(shard)
         return [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
 
+    def due_key(self, shard: int) -> str:
+        """The due index of one shard (docs/keys.md): a sorted set of the offsets of its
+        delayed records, scored by due time (ms). Publishers write it; groups read it."""
+        return f"{self.base(shard)}:due"
+
     def conf_key(self, shard: int) -> str:
         """The hash of one shard's settings (only ``stream.admin`` writes it)."""
         return f"{self.base(shard)}:conf"

@@ -40,7 +40,7 @@ class Record:
     subscriber rather than delivered to a group.
     """
 
-    __slots__ = ("attempts", "key", "offset", "payload", "published_ms", "shard")
+    __slots__ = ("_extra", "attempts", "key", "offset", "payload", "published_ms", "shard")
 
     def __init__(
         self,
@@ -50,6 +50,9 @@ class Record:
         payload: bytes,
         key: str | None,
         published_ms: int,
+        headers: dict[str, str] | None = None,
+        deliver_ms: int | None = None,
+        expires_ms: int | None = None,
     ) -> None:
         self.shard = shard
         self.offset = offset
@@ -57,6 +60,36 @@ class Record:
         self.payload = payload
         self.key = key
         self.published_ms = published_ms
+        # headers, due and expiry times: None for a plain record (most are)
+        self._extra = (headers, deliver_ms, expires_ms) if (headers or deliver_ms or expires_ms) else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The record's headers (a new dict each time; empty when it has none)."""
+        return dict(self._extra[0] or {}) if self._extra else {}
+
+    @property
+    def deliver_ms(self) -> int | None:
+        """When the record was due for delivery (ms since the epoch, server clock), for a
+        delayed record; None for one due at once."""
+        return self._extra[1] if self._extra else None
+
+    @property
+    def expires_ms(self) -> int | None:
+        """When the record expires (ms since the epoch, server clock); None: never."""
+        return self._extra[2] if self._extra else None
+
+    @property
+    def deliver_at(self) -> datetime | None:
+        """The due time of a delayed record (timezone-aware, UTC); None for one due at once."""
+        ms = self.deliver_ms
+        return None if ms is None else ms_to_datetime(ms)
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the record expires (timezone-aware, UTC); None: never."""
+        ms = self.expires_ms
+        return None if ms is None else ms_to_datetime(ms)
 
     @property
     def published_at(self) -> datetime:
@@ -153,7 +186,9 @@ class ShardState:
     ``lag`` is tail - position: it also counts finished records above a position held
     back by an unfinished one. ``unfinished`` is what the group still has to finish:
     pending + owed + in flight (the number to alert on, with the oldest unfinished age).
-    ``trimmed``: records retention removed before this group finished them."""
+    ``trimmed``: records retention removed before this group finished them.
+    ``scheduled``: delayed records not yet due (neither pending nor owed; lag counts
+    them, unfinished too). ``rate_limit``: (count, per_seconds) or None, the group's."""
 
     shard: int
     position: int
@@ -166,6 +201,8 @@ class ShardState:
     oldest_unfinished_age_ms: int | None
     trimmed: int = 0
     unfinished: int = 0
+    scheduled: int = 0
+    rate_limit: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +222,15 @@ class GroupInfo:
     @property
     def pending(self) -> int:
         return sum(s.pending for s in self.shards)
+
+    @property
+    def scheduled(self) -> int:
+        return sum(s.scheduled for s in self.shards)
+
+    @property
+    def rate_limit(self) -> tuple[int, float] | None:
+        """The group's rate limit, (count, per_seconds) per shard, or None."""
+        return self.shards[0].rate_limit if self.shards else None
 
     @property
     def unfinished(self) -> int:

@@ -19,11 +19,14 @@ from typing import Any, TypeVar
 from felix_redis import constants as C
 from felix_redis.caches import Caches, StreamSettings, replicas_needed
 from felix_redis.checks import (
+    KEEP,
     MAX_OFFSET,
+    Extras,
     ack_offsets,
     as_bytes,
     check_int,
     check_list,
+    check_rate_limit,
     offsets_of,
     resolve,
     seconds_to_ms,
@@ -434,6 +437,7 @@ class Core:
                 keys = name.info_keys(shard)
                 for group in groups:
                     keys += name.group_keys(shard, group)
+                keys.append(name.due_key(shard))
                 try:
                     existed = yield Eval(
                         "stream_delete", keys, [len(groups), *groups],
@@ -463,51 +467,59 @@ class Core:
         payloads: Sequence[bytes],
         shard: int | None,
         key: object,
+        extras: Extras | None = None,
     ) -> Plan[tuple[int, int, int]]:
         """A plain publish of a batch: idempotent under retries through a borrowed
         producer unless the client was made with ``idempotent_publish=False``; returns
         (shard, first offset, count)."""
         if not self.idempotent_publish:
-            return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, None))
+            return (yield from self.publish(tenant, namespace, stream, payloads, shard, key, None, extras))
         return (yield from self.with_borrowed_producer(
-            self.publish, tenant, namespace, stream, payloads, shard, key))
+            self.publish, tenant, namespace, stream, payloads, shard, key, extras=extras))
 
     def publish_single(
         self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+        extras: Extras | None = None,
     ) -> Plan[Published]:
         """A plain publish of one payload, as :meth:`publish_plain`, through
         :meth:`publish_one`'s quick path where the caches allow. (Not a generator
         itself: it hands out the plan that runs, one frame less on the hot path.)"""
         if not self.idempotent_publish:
-            return self.publish_one(tenant, namespace, stream, payload, shard, key, None)
+            return self.publish_one(tenant, namespace, stream, payload, shard, key, None, extras)
+        if extras is not None:
+            return self.with_borrowed_producer(
+                self.publish_one, tenant, namespace, stream, payload, shard, key, extras=extras)
         return self.with_borrowed_producer(self.publish_one, tenant, namespace, stream, payload, shard, key)
 
     def with_borrowed_producer(
-        self, publish: Callable[..., Plan[T]], *args: Any
+        self, publish: Callable[..., Plan[T]], *args: Any, extras: Extras | None = None
     ) -> Plan[T]:
         """``publish(*args, producer)`` with a producer borrowed from the pool for its
         length. When the shard forgot that producer's last sequences (a failover lost
         them), nothing was written and the producer starts over under a new secret, so
         it runs once more, as a first publish: the caller never chose a sequence."""
         state = self.producers.acquire()
+        tail = (state,) if extras is None else (state, extras)
         try:
             try:
-                return (yield from publish(*args, state))
+                return (yield from publish(*args, *tail))
             except SequenceError:
-                return (yield from publish(*args, state))
+                return (yield from publish(*args, *tail))
         finally:
             self.producers.release(state)
 
     def publish_one(
         self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
         producer: ProducerState | None,
+        extras: Extras | None = None,
     ) -> Plan[Published]:
         """One payload with ``producer`` (held by the caller; None: without producer
         state): the script call straight away when the caches allow
-        (:meth:`quick_publish`), else :meth:`publish`."""
-        if producer is None or (quick := self.quick_publish(
+        (:meth:`quick_publish`; a plain record only), else :meth:`publish`."""
+        if producer is None or extras is not None or (quick := self.quick_publish(
                 tenant, namespace, stream, payload, shard, key, producer)) is None:
-            s, first, _count = yield from self.publish(tenant, namespace, stream, [payload], shard, key, producer)
+            s, first, _count = yield from self.publish(
+                tenant, namespace, stream, [payload], shard, key, producer, extras)
             return Published(s, first)
         op, slot = quick
         try:
@@ -534,8 +546,10 @@ class Core:
         shard: int | None,
         key: object,
         producer: ProducerState | None,
+        extras: Extras | None = None,
     ) -> Plan[tuple[int, int, int]]:
-        """Publishes payloads to one shard; returns (shard, first offset, count)."""
+        """Publishes payloads to one shard; returns (shard, first offset, count).
+        ``extras``: the records' delivery time, expiry and headers (all of them)."""
         name = self.cache.name(tenant, namespace, stream)
         raw_key = None if key is None else check_record_key(key)
         if not payloads:
@@ -556,12 +570,19 @@ class Core:
         else:
             shard = self.choose_shard(settings, None, raw_key)
         keys, context = self.cache.shard_target(name, shard)
+        timing: list[Any] = [b"", b"", b""]
+        if extras is not None:
+            timing = [extras.deliver, extras.expires, extras.headers]
+            if extras.delayed:
+                keys = [*keys, name.due_key(shard)]
         trims = bool(settings.max_len or settings.max_age)
         if producer is None:
             reply = yield Eval(
-                "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *payloads],
+                "publish", keys, [raw_key or b"", b"", 0, self.producer_idle_ms, *timing, *payloads],
                 context, settings.replicas,
             )
+            if extras is not None and extras.delayed:
+                yield from self.retention.maybe_prune(name, shard)
             if trims:
                 yield from self.retention.maybe_trim(name, settings, shard, reply)
             return shard, int(reply[0]), int(reply[1])
@@ -574,7 +595,7 @@ class Core:
         seq = producer.sequences.get(slot, 0) + 1
         op = Eval(
             "publish", keys,
-            [raw_key or b"", pid, seq, self.producer_idle_ms, *payloads],
+            [raw_key or b"", pid, seq, self.producer_idle_ms, *timing, *payloads],
             context, settings.replicas,
         )
         try:
@@ -588,6 +609,8 @@ class Core:
         producer.sequences[slot] = seq
         if trims:
             yield from self.retention.maybe_trim(name, settings, shard, reply)
+        if extras is not None and extras.delayed:
+            yield from self.retention.maybe_prune(name, shard)
         return shard, int(reply[0]), int(reply[1])
 
     def quick_publish(
@@ -626,7 +649,7 @@ class Core:
         slot = (path, shard)
         op = Eval(
             "publish", keys,
-            [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, payload],
+            [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, b"", b"", b"", payload],
             context, settings.replicas,
         )
         return op, slot
@@ -652,9 +675,11 @@ class Core:
         start: object = "earliest",
         visibility_timeout_ms: int | None = None,
         max_attempts: int | None = None,
+        rate_limit: object = None,
     ) -> Plan[None]:
         name = self.cache.name(tenant, namespace, stream)
         check_name(group, "group")
+        rate = check_rate_limit(rate_limit)
         if isinstance(start, str) and start in C.STARTS:
             start_arg: object = start
         elif isinstance(start, int) and not isinstance(start, bool):
@@ -690,8 +715,9 @@ class Core:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_create",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
-                    [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check],
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard),
+                     name.due_key(shard)],
+                    [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check, rate],
                     f"{context} shard {shard}", 0 if check else settings.replicas,
                 )
         yield from ops(1)
@@ -705,9 +731,11 @@ class Core:
         group: str,
         visibility_timeout_ms: int | None = None,
         max_attempts: int | None = None,
+        rate_limit: object = KEEP,
     ) -> Plan[None]:
         name = self.cache.name(tenant, namespace, stream)
         check_name(group, "group")
+        rate = "" if rate_limit is KEEP else (check_rate_limit(rate_limit) or "0 0")
         vt = "" if visibility_timeout_ms is None else check_int(
             visibility_timeout_ms, "visibility_timeout_ms", 1, C.MAX_VISIBILITY_TIMEOUT_MS)
         attempts = "" if max_attempts is None else check_int(
@@ -719,7 +747,7 @@ class Core:
             for shard in range(settings.shards):
                 yield Eval(
                     "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
-                    [vt, attempts, check], f"group {group} on stream {name.path} shard {shard}",
+                    [vt, attempts, check, rate], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
         yield from ops(1)
@@ -1027,7 +1055,8 @@ class Core:
         for shard in range(settings.shards):
             try:
                 r = yield Eval(
-                    "group_describe", [*name.shard_keys(shard), *name.group_keys(shard, group)], [],
+                    "group_describe",
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)], [],
                     f"group {group} on stream {name.path} shard {shard}",
                 )
             except NotFound:
@@ -1040,12 +1069,18 @@ class Core:
             position, tail, nxt = int(r[0]), int(r[1]), int(r[2])
             age = int(r[6])
             vt, attempts = int(r[8]), int(r[9])
-            pending, owed, in_flight = tail - nxt, int(r[3]), int(r[4])
+            scheduled = int(r[11]) if len(r) > 11 else 0
+            pending = tail - nxt + (int(r[12]) if len(r) > 12 else 0)
+            owed, in_flight = int(r[3]), int(r[4])
+            rate = None
+            if len(r) > 13 and r[13] is not None:
+                count, per_ms = as_text(r[13]).split()
+                rate = (int(count), int(per_ms) / 1000)
             states.append(ShardState(
                 shard=shard, position=position, tail=tail, lag=tail - position,
                 pending=pending, owed=owed, in_flight=in_flight, dead=int(r[5]),
                 oldest_unfinished_age_ms=None if age < 0 else age, trimmed=int(r[7]),
-                unfinished=pending + owed + in_flight,
+                unfinished=pending + owed + in_flight + scheduled, scheduled=scheduled, rate_limit=rate,
             ))
         return GroupInfo(tenant, namespace, stream, group, vt, attempts, states)
 

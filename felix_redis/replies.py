@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from felix_redis.models import Record
@@ -19,22 +20,55 @@ def key_text(value: Any) -> str | None:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
+def decode_headers(raw: Any) -> dict[str, str] | None:
+    """A record's headers from its h field (a JSON object of strings, as the publish
+    script checked it); a value that is no such object (written by hand) is kept whole
+    under the name ``"_raw"`` rather than lost or raised."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return value
+    return {"_raw": as_text(raw)}
+
+
+def _ms(raw: Any) -> int | None:
+    return None if raw is None else int(raw)
+
+
+def _extended(shard: int, off: int, attempts: int, payload: bytes, slot: list[Any], ms: int) -> Record:
+    """A record whose reply carries {key, headers, due ms, expiry ms} in the key's place."""
+    key, h, d, x = (list(slot) + [None] * 4)[:4]
+    return Record(shard, off, attempts, payload, key_text(key), ms, decode_headers(h), _ms(d), _ms(x))
+
+
 def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
-    """Records from a poll reply: [entry ID 'OFFSET-MS', attempts, key, payload]*."""
+    """Records from a poll reply: [entry ID 'OFFSET-MS', attempts, key, payload]* (the key's
+    place holds [key, headers, due, expiry] for a record with any of the last three)."""
     out: list[Record] = []
     for i in range(start, start + 4 * count, 4):
         off, ms = reply[i].split(b"-")
         key = reply[i + 2]
+        if type(key) is list:
+            out.append(_extended(shard, int(off), reply[i + 1], reply[i + 3], key, int(ms)))
+            continue
         out.append(Record(shard, int(off), reply[i + 1], reply[i + 3],
                           None if key is None else key.decode("utf-8", "surrogateescape"), int(ms)))
     return out
 
 
 def parse_records(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
-    """Records from a read reply: [offset, publish ms, key, payload]* (attempts 0)."""
+    """Records from a read reply: [offset, publish ms, key, payload]* (attempts 0; the
+    key's place as in :func:`parse_delivered`)."""
     out: list[Record] = []
     for i in range(start, start + 4 * count, 4):
         off, ms, key, payload = reply[i : i + 4]
+        if type(key) is list:
+            out.append(_extended(shard, int(off), 0, payload, key, int(ms)))
+            continue
         out.append(Record(shard, int(off), 0, payload, key_text(key), int(ms)))
     return out
 

@@ -12,6 +12,9 @@ from felix_redis.keys import GROUP_ROLES, StreamName
 from felix_redis.plans import Cmd, Eval, Plan
 from felix_redis.replies import as_text
 
+#: Seconds between two prunes of a shard's due index by one client (maybe_prune).
+PRUNE_EVERY_S = 60.0
+
 #: The keys of a group stream_trim takes: the group hash and its redo set (owed records).
 TRIM_ROLES = ("group", "redo")
 
@@ -30,6 +33,8 @@ class Retention:
     def __init__(self) -> None:
         #: (stream path, shard) -> monotonic time of its last trim by this client
         self.last_trim: dict[tuple[str, int], float] = {}
+        #: (stream path, shard) -> monotonic time of its last due index prune
+        self.last_prune: dict[tuple[str, int], float] = {}
 
     def maybe_trim(self, name: StreamName, settings: StreamSettings, shard: int, reply: list[Any]) -> Plan[None]:
         """After a publish: trim the shard once it outgrew its retention by a slack of
@@ -51,6 +56,20 @@ class Retention:
             with contextlib.suppress(FelixError):
                 yield from self.trim_shard(name, shard)
 
+    def maybe_prune(self, name: StreamName, shard: int) -> Plan[None]:
+        """After a delayed publish: at most once a minute per shard, a trim, which also
+        prunes the shard's due index of what every group has passed (so a stream without
+        retention does not keep its delayed records' index entries for ever)."""
+        last = self.last_prune.get((name.path, shard))
+        now = time.monotonic()
+        if last is not None and now - last < PRUNE_EVERY_S:
+            return
+        self.last_prune[(name.path, shard)] = now
+        if last is None:
+            return  # the first delayed publish seen: prune from the next one a minute on
+        with contextlib.suppress(FelixError):
+            yield from self.trim_shard(name, shard)
+
     def trim_shard(self, name: StreamName, shard: int) -> Plan[int]:
         groups_key = name.groups_key(shard)
         for attempt in range(10):
@@ -58,6 +77,7 @@ class Retention:
             keys = name.info_keys(shard)
             for group in groups:
                 keys += trim_keys(name, shard, group)
+            keys.append(name.due_key(shard))
             try:
                 reply = yield Eval("stream_trim", keys, [len(groups), *groups], f"stream {name.path} shard {shard}")
                 return int(reply[0])

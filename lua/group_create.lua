@@ -10,6 +10,10 @@
 -- ARGV[4] max_attempts integer 1..1000000, deliveries before a record is dead-lettered
 -- ARGV[5] strict      '1': fail if the group exists; '0': return 0
 -- ARGV[6] check       '1': validate only and write nothing; '0': create
+-- ARGV[7] rate        'COUNT PER_MS' rate limit (as group_configure), '' or absent: none
+-- KEYS[15] due        zset (optional): the shard's due index. With it the group starts
+--                     its due cursor now and, when it starts above delayed records not yet
+--                     due, notes the latest of their due times (dpre) for describe
 --
 -- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
@@ -25,8 +29,14 @@ if name ~= group_shape().group then
 end
 local vt = int_arg(ARGV[3], 'visibility_timeout_ms', 1, 604800000)
 local max = int_arg(ARGV[4], 'max_attempts', 1, 1000000)
+local rate = ARGV[7] or ''
+if rate ~= '' then rate = check_rate(rate) end
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
+if KEYS[14] ~= group_shape().groups then
+  fail('INVALID', 'KEYS[14] is ' .. tostring(KEYS[14]) .. ', not ' .. group_shape().groups)
+end
 expect_type(KEYS[14], 'set')
+if K.due then expect_type(K.due, 'zset') end
 if redis.call('EXISTS', K.meta) == 0 then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 -- the tail and the first record kept, as the log has them where meta was written by hand
 local tail = shard_tail(redis.call('HGET', K.meta, 'tail'), K.log)
@@ -48,7 +58,25 @@ if redis.call('EXISTS', K.group) == 1 then
   return 0
 end
 if ARGV[6] == '1' then return 0 end
-redis.call('HSET', K.group, 'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
-  'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now_ms()))
+local now = now_ms()
+local fields = {'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
+  'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now), 'base', fmt(pos)}
+if K.due then
+  -- due times up to now are the scan's: the group meets those records due
+  fields[#fields + 1] = 'dcur'
+  fields[#fields + 1] = fmt(now)
+  if pos > first then
+    local last = redis.call('ZRANGE', K.due, '+inf', '(' .. fmt(now), 'BYSCORE', 'REV', 'LIMIT', '0', '1', 'WITHSCORES')
+    if #last > 0 then
+      fields[#fields + 1] = 'dpre'
+      fields[#fields + 1] = last[2]
+    end
+  end
+end
+if rate and rate ~= '' then
+  fields[#fields + 1] = 'rate'
+  fields[#fields + 1] = rate
+end
+redis.call('HSET', K.group, unpack(fields))
 redis.call('SADD', KEYS[14], name)
 return 1

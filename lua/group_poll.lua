@@ -6,6 +6,8 @@
 -- where to block (log tail, wake sequence) so no wake-up is missed.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due         zset: the shard's due index (optional: without it, delivery times
+--                      are not waited for)
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
@@ -16,13 +18,19 @@
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
--- Returns: {now ms, next due ms (-1: none), tail, wake sequence, n, then n times:
--- entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none), payload}.
+-- Delayed records (a due time later than now) are passed over and handed out once due
+-- (as first deliveries, by due time, with the redeliveries); an expired record is
+-- dead-lettered with reason 'expired' instead of being handed out. A rate limit (group
+-- field rate) caps the hand-outs per window.
+-- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
+-- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none;
+-- {key, headers, due ms, expiry ms} for a record with any of the last three), payload}.
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group;
 -- an offset to ack never delivered), FELIX_INVALID, FELIX_WRONGTYPE. All arguments,
 -- the acks' offsets included, are checked before anything is written.
 --- @include "group"
 --- @include "dead_letters"
+--- @include "records"
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'
@@ -32,6 +40,23 @@ if #ARGV > 3 then acks, ack_offs = offset_args(4) end
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
+-- due times are compared with the due cursor's clock, which never goes back (a
+-- failover to a server whose clock is behind would otherwise pass over records twice)
+local dnow = math.max(now, S.dcur)
+
+-- The rate limit: what this window still allows caps max_records.
+local rate_left, rate_end = false, false
+if S.rate then
+  local c, per = s_match(S.rate, '^(%d+) (%d+)$')
+  if c then
+    local start, taken = s_match(S.rwin or '', '^(%d+) (%d+)$')
+    start, taken = tonumber(start) or 0, tonumber(taken) or 0
+    if now >= start + tonumber(per) or now < start then start, taken = now, 0 end
+    rate_left, rate_end = math.max(0, tonumber(c) - taken), start + tonumber(per)
+    S.rwin_start, S.rwin_taken = start, taken
+    if rate_left < max_records then max_records = rate_left end
+  end
+end
 
 -- A record whose deliveries reached max_attempts becomes a dead letter (true) instead of
 -- being owed or handed out again: reclaimed, lapsed or due (past a lowered max).
@@ -64,6 +89,28 @@ if reclaim and consumer ~= '' and S.cons then
   end
   -- what this poll does not take back, another long-poller may
   if reclaimed then wake(K, S) end
+end
+
+-- 1b. Delayed records this group passed over whose due time came (due cursor .. now]:
+-- owed from their due time, as first deliveries (no attempts entry). Records at or above
+-- next are not passed yet: the scan below meets them, due by then.
+if K.due and S.dmax > S.dcur then
+  local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(dnow), 'WITHSCORES')
+  local adds = {}
+  for i = 1, #got, 2 do
+    local off = tonumber(got[i])
+    if off and off >= S.base and off < S.next then
+      adds[#adds + 1] = got[i + 1]
+      adds[#adds + 1] = got[i]
+    end
+  end
+  if #adds > 0 then
+    call_many('ZADD', K.owed, adds)
+    K.types.owed = 'zset'
+    S.sk = math.max(0, S.sk - #adds / 2)
+  end
+  S.dcur = dnow
+  S.dirty = true
 end
 
 -- 2. Lapsed leases: failed deliveries, owed from their expiry (bounded per call).
@@ -135,7 +182,13 @@ local function put(es, i, j, attempts)
     local e = es[k]
     local fields = e[2]
     local payload, key
-    if fields[1] == 'p' then payload, key = fields[2], fields[4] or false else payload, key = entry_fields(fields) end
+    if fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil)) then
+      payload, key = fields[2], fields[4] or false
+    else
+      local h, d, x
+      payload, key, h, d, x = record_fields(fields)
+      key = key_slot(key, h, d, x)
+    end
     r[at + 1] = e[1]
     r[at + 2] = attempts
     r[at + 3] = key
@@ -145,11 +198,11 @@ local function put(es, i, j, attempts)
   o, n = at, n + j - i + 1
 end
 
--- 3. Due redeliveries, by due time.
+-- 3. Due redeliveries (and delayed first deliveries), by due time.
 local first_owed = {}
 if K.types.owed ~= 'none' or slow then first_owed = redis.call('ZRANGE', K.owed, '0', '0', 'WITHSCORES') end
 local due = {}
-if #first_owed > 0 and tonumber(first_owed[2]) <= now then
+if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
   slow = true
   due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'LIMIT', '0', fmt(max_records))
 end
@@ -163,6 +216,8 @@ for _, m in ipairs(due) do
       finish(K, S, off)
       S.trimmed = S.trimmed + 1
       S.dirty = true
+    elseif S.tlast >= off and not plain_fields(e[1][2]) and expired_at(e[1][2], now) then
+      dead_letter(K, S, off, a, 'expired', now)
     else
       redis.call('ZREM', K.owed, m)
       local attempts = a + 1
@@ -174,13 +229,19 @@ for _, m in ipairs(due) do
   end
 end
 
--- 4. New records, in offset order.
+-- 4. New records, in offset order. Where the range may hold timed records (at or below
+-- meta's tlast) each is looked at: a delayed one not yet due is passed over (counted in
+-- sk; 1b hands it out once due), an expired one dead-lettered; the scan goes on past
+-- them, up to a bound (more: the caller polls again at once).
 local want = max_records - n
-if want > 0 and S.next < S.tail then
+local scanned, more = 0, false
+while want > 0 and S.next < S.tail do
+  if scanned >= 4 * max_records + 256 then more = true break end
   local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(want))
   local first = S.next
   local count = #entries
-  if count > 0 and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
+  scanned = scanned + count
+  if count > 0 and S.tlast < first and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
     -- and the records take one lease (anonymous first deliveries, the usual case, have
     -- no attempts nor owner to write)
@@ -200,10 +261,25 @@ if want > 0 and S.next < S.tail then
       -- offset's record is its first entry, as a redelivery's XRANGE O O finds it
       if off >= S.next then
         if off > S.next then skip_trimmed(K, S, S.next, off - 1) end
-        lease(m, 1)
-        put(entries, i, i, 1)
-        fresh[#fresh + 1] = off
         S.next = off + 1
+        local f, verdict = e[2], 'out'
+        if off <= S.tlast and not plain_fields(f) then
+          local _, _, _, d, x = record_fields(f)
+          if d and K.due and tonumber(d) > dnow and tonumber(redis.call('ZSCORE', K.due, m)) == tonumber(d) then
+            verdict = 'later'
+          elseif x and tonumber(x) <= now then
+            verdict = 'expired'
+          end
+        end
+        if verdict == 'out' then
+          lease(m, 1)
+          put(entries, i, i, 1)
+          fresh[#fresh + 1] = off
+        elseif verdict == 'later' then
+          S.sk = S.sk + 1
+        else
+          dead_letter(K, S, off, 0, 'expired', now)
+        end
       end
     end
     each_stretch(fresh, function(a, b)
@@ -216,11 +292,21 @@ if want > 0 and S.next < S.tail then
       local tail = math.min(S.tail, log_tail(K.log))
       if tail > S.next then skip_trimmed(K, S, S.next, tail - 1) end
       if tail > S.next then S.next = tail end
+      S.dirty = true
+      break
     end
   end
   S.dirty = true
+  want = max_records - n
 end
 
+if rate_left then
+  -- the window's hand-outs (expired records are not handed out)
+  local taken = S.rwin_taken + n
+  S.rwin = fmt(S.rwin_start) .. ' ' .. fmt(taken)
+  rate_left = rate_left - n
+  S.dirty = true
+end
 if n > 0 then
   add_leases(K, lfirst, llast, expiry)
   if #counts > 0 then call_many('HSET', K.attempts, counts) end
@@ -241,6 +327,22 @@ else
   if #earliest > 0 and (at < 0 or tonumber(earliest[2]) < at) then at = tonumber(earliest[2]) end
   if n > 0 and (at < 0 or now + S.vt < at) then at = now + S.vt end
   out[2] = at
+end
+-- the next delayed record falls due (for this group or not: a wake-up at most early)
+if K.due and S.dmax > dnow then
+  local d = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(dnow), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+  if #d > 0 and (out[2] < 0 or tonumber(d[2]) < out[2]) then out[2] = tonumber(d[2]) end
+end
+if more then out[2] = now end
+if rate_left == 0 then
+  -- the window is spent: nothing is handed out before it ends; records waiting now
+  -- are handed out when it does
+  local waiting = S.next < S.tail or (#first_owed > 0 and tonumber(first_owed[2]) <= now)
+  if waiting then
+    out[2] = rate_end
+  elseif out[2] >= 0 then
+    out[2] = math.max(out[2], rate_end)
+  end
 end
 out[5] = n
 return out

@@ -7,10 +7,12 @@
 -- ARGV[2] count   integer 1..10000, most records returned
 --
 -- Returns: {tail, first offset still in the log, n, then n times: offset, publish ms,
--- key (nil when none), payload}.
+-- key (nil when none; {key, headers, due ms, expiry ms} for a record with any of the last
+-- three: lua/includes/records.lua), payload}.
 -- Errors: FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (bad argument, keys not
 -- the meta and log of one shard), FELIX_WRONGTYPE.
 --- @include "acl"
+--- @include "records"
 require_shard_keys(SHARD_KEYS_READ)
 local from = int_arg(ARGV[1], 'from offset', 0, 2 ^ 52)
 local count = int_arg(ARGV[2], 'count', 1, 10000)
@@ -22,7 +24,8 @@ local out = {tail, log_first(KEYS[2], tail), 0}
 local entries = redis.call('XRANGE', KEYS[2], fmt(from), '+', 'COUNT', count)
 for _, e in ipairs(entries) do
   local off, ms = parse_id(e[1])
-  local payload, key = entry_fields(e[2])
+  local payload, key, h, d, x = record_fields(e[2])
+  key = key_slot(key, h, d, x)
   out[#out + 1] = off
   out[#out + 1] = ms
   out[#out + 1] = key

@@ -12,17 +12,20 @@
 -- KEYS[5..] group keys, 2 per group: the group hash (pos) and its redo zset, exactly
 --                    the keys of the group ARGV names (a name whose group hash does
 --                    not exist holds nothing back)
+-- KEYS[last] due     zset (optional, after the group keys): the shard's due index; its
+--                    entries due at or before every group's due cursor (and now) are
+--                    pruned: no group will look at them again
 -- ARGV[1] count      integer, number of groups passed
 -- ARGV[2..] names    the group names, in the order of their keys
 --
 -- Role: stream.publish or stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:publish or PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
--- Returns: {records trimmed now, first offset kept}.
+-- Returns: {records trimmed now, first offset kept, due index entries pruned}.
 -- Errors: FELIX_NOPERM (no stream.publish or stream.admin role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
 -- match, or a key is not the one the shard and the group names imply), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
 --- @include "shard_groups"
 require_stream_role('stream.publish', 'stream.admin')
-local count = shard_groups(2)
+local count, due = shard_groups(2, true)
 for g = 0, count - 1 do
   expect_type(KEYS[5 + 2 * g], 'hash')
   expect_type(KEYS[6 + 2 * g], 'zset')
@@ -60,7 +63,17 @@ if m[5] == 'queue' and m[6] ~= 'bounded' then
     if pos and pos < cut then cut = pos end
   end
 end
-if cut <= first then return {0, first} end
+local pruned = 0
+if due then
+  local bound = now_ms()
+  for g = 0, count - 1 do
+    local d = redis.call('HMGET', KEYS[5 + 2 * g], 'dcur', 'name')
+    -- a group hash that does not exist holds nothing back
+    if d[2] then bound = math.min(bound, tonumber(d[1]) or 0) end
+  end
+  if bound > 0 then pruned = redis.call('ZREMRANGEBYSCORE', due, '-inf', fmt(bound)) end
+end
+if cut <= first then return {0, first, pruned} end
 redis.call('XTRIM', KEYS[2], 'MINID', fmt(cut))
 redis.call('HSET', KEYS[1], 'first', fmt(cut))
-return {cut - first, cut}
+return {cut - first, cut, pruned}

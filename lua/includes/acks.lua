@@ -115,6 +115,15 @@ local function offset_args(from)
   return ms, offs
 end
 
+-- True when member m is a delayed record the group passed over (below next) and has
+-- not handed out yet: in the due index with a due time past the group's due cursor.
+local function not_yet_due(K, S, m)
+  local off = tonumber(m)
+  if off < S.base or off >= S.next then return false end
+  local d = redis.call('ZSCORE', K.due, m)
+  return d ~= false and d ~= nil and tonumber(d) > S.dcur
+end
+
 -- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state
 -- behind and the position advances over any contiguous run of finished records. Acking
 -- a finished record changes nothing; acking a stale claim whose record is unfinished
@@ -178,7 +187,7 @@ local function ack_many(K, S, ms, offs, statuses, each)
   -- unfinished = in flight (lease) or owed; anything else delivered is finished already
   local unfinished = uniq
   local removed, taken = unlease(K, offs)
-  local finished = nil
+  local finished, notyet = nil, nil
   if removed < #uniq then
     -- some were owed or finished: tell them apart. The done runs and the redo marks are
     -- untouched so far, so is_finished still answers for the state before this ack.
@@ -191,10 +200,17 @@ local function ack_many(K, S, ms, offs, statuses, each)
       elseif owed_scores[j] then
         owed[#owed + 1] = m
         unfinished[#unfinished + 1] = m
-      elseif not is_finished(K, S, m, tonumber(m)) then
-        unfinished[#unfinished + 1] = m
-      else
+      elseif is_finished(K, S, m, tonumber(m)) then
         finished[m] = true
+      elseif K.due and S.sk > 0 and not_yet_due(K, S, m) then
+        -- a delayed record the group passed over, never delivered
+        if not each then
+          fail('NOT_FOUND', 'record ' .. m .. ' has not been delivered to this group (it is not due yet)')
+        end
+        notyet = notyet or {}
+        notyet[m] = true
+      else
+        unfinished[#unfinished + 1] = m
       end
     end
     if #owed > 0 then call_many('ZREM', K.owed, owed) end
@@ -203,7 +219,11 @@ local function ack_many(K, S, ms, offs, statuses, each)
   if statuses then
     out = {}
     for i, m in ipairs(ms) do
-      out[i] = ((not first or first[m] == i) and not (finished and finished[m])) and 1 or 0
+      if notyet and notyet[m] then
+        out[i] = -1
+      else
+        out[i] = ((not first or first[m] == i) and not (finished and finished[m])) and 1 or 0
+      end
     end
   end
   if #unfinished > 0 then

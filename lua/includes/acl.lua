@@ -46,7 +46,7 @@ local function group_shape()
     end
     if shape then
       for i = #keys + 1, #KEYS do
-        if KEYS[i] ~= shape.groups then shape = nil break end
+        if KEYS[i] ~= shape.groups and KEYS[i] ~= shape.due then shape = nil break end
       end
     end
     if shape then return shape end
@@ -66,13 +66,13 @@ local function group_shape()
     end
     keys[i + 2] = want
   end
-  local groups = base .. 'groups'
+  local groups, due = base .. 'groups', base .. 'due'
   for i = n + 3, #KEYS do
-    if KEYS[i] ~= groups then
-      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. groups)
+    if KEYS[i] ~= groups and KEYS[i] ~= due then
+      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. groups .. ' nor ' .. due)
     end
   end
-  shape = {keys = keys, groups = groups, prefix = prefix, tag = tag, group = group, caps = {}}
+  shape = {keys = keys, groups = groups, due = due, prefix = prefix, tag = tag, group = group, caps = {}}
   if shapes >= 1024 then SHAPES, shapes = {}, 0 end
   SHAPES[k3], shapes = shape, shapes + 1
   return shape
@@ -81,7 +81,8 @@ end
 -- Fails with NOPERM unless the user holds role ('group.consume' or 'group.manage') on
 -- the group whose hash is KEYS[3]. The keys must be exactly that group's keys on one
 -- shard (GROUP_ROLE_TYPES order), so that the role of one group cannot be used on the
--- keys of another group of the same stream; any key after them is the shard's groups set.
+-- keys of another group of the same stream; any key after them is the shard's groups set
+-- or its due index.
 local function require_group_role(role)
   local shape = group_shape()
   if not redis.acl_check_cmd then return end
@@ -111,6 +112,17 @@ local function stream_shape()
     STREAMS[k1], streams = sh, streams + 1
   end
   return sh
+end
+
+-- The shard's due index (a zset of delayed records' offsets by due time) when the
+-- caller passed it among the keys after the group key block (group_shape checked its
+-- name), else false: where no key names it, a script does not touch it.
+local function passed_due_key()
+  local due = group_shape().due
+  for i = #GROUP_ROLE_TYPES + 3, #KEYS do
+    if KEYS[i] == due then return due end
+  end
+  return false
 end
 
 -- Key lists of the stream scripts: the shard's keys each takes first, by role name.
@@ -143,10 +155,10 @@ end
 -- Fails with INVALID unless KEYS[from..] are, for each group name of names (ARGV
 -- values), exactly the `per` keys of that group on the shard of KEYS[1] in
 -- GROUP_ROLE_TYPES order (per = 11: all of them; per = 2: the group hash and its
--- redo set), and nothing else.
-local function require_group_keys(from, per, names)
+-- redo set), and nothing else (but `extra` keys after them, which the caller checks).
+local function require_group_keys(from, per, names, extra)
   local base = stream_shape().base
-  if #KEYS ~= from - 1 + per * #names then
+  if #KEYS ~= from - 1 + per * #names + (extra or 0) then
     fail('INVALID', 'group keys do not match the group names: ' .. fmt(#KEYS - from + 1) .. ' keys for '
       .. fmt(#names) .. ' groups')
   end
@@ -177,10 +189,11 @@ end
 
 -- Fails with NOPERM unless the user holds role ('stream.publish' or 'stream.admin'), or
 -- else role2 when given, on the stream of KEYS[1]. With names (a SHARD_KEYS_ list), the
--- keys must be exactly those (require_shard_keys, also without ACL); else every key must
+-- keys must be exactly those (require_shard_keys, also without ACL; with more, the
+-- script checks the keys after them itself); else every key must
 -- carry KEYS[1]'s shard tag (each script also checks its exact keys).
-local function require_stream_role(role, role2, names)
-  if names then require_shard_keys(names) end
+local function require_stream_role(role, role2, names, more)
+  if names then require_shard_keys(names, more) end
   if not redis.acl_check_cmd then return end
   local sh = stream_shape()
   if not names then

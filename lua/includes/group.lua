@@ -6,7 +6,10 @@
 -- KEYS[1] meta       hash: shard settings, tail (next offset), first (first offset kept)
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
---                    (FIRST-LAST: the highest finished run above pos), created
+--                    (FIRST-LAST: the highest finished run above pos), created, and for
+--                    delayed records dcur (due cursor, ms), base (first offset), sk
+--                    (delayed records passed, not yet due); rate ('COUNT PER_MS') and
+--                    rwin ('START TAKEN': the rate window) when rate limited
 -- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
 --                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
@@ -19,6 +22,8 @@
 -- KEYS[11] byowner   zset: "CONSUMER|OFFSET" members, score 0, for reclaim
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
+-- After the block some scripts take the shard's groups set and its due index
+-- (felix:{TAG}:due, zset: offsets of delayed records by due time).
 
 --- @include "roles"
 --- @include "acl"
@@ -33,7 +38,7 @@ local function group_keys()
   return {
     meta = KEYS[1], log = KEYS[2], group = KEYS[3], lease = KEYS[4], owed = KEYS[5],
     attempts = KEYS[6], done = KEYS[7], redo = KEYS[8], dead = KEYS[9], owner = KEYS[10],
-    byowner = KEYS[11], wake = KEYS[12], held = KEYS[13],
+    byowner = KEYS[11], wake = KEYS[12], held = KEYS[13], due = passed_due_key(),
     types = {
       meta = false, log = false, group = false, lease = false, owed = false, attempts = false,
       done = false, redo = false, dead = false, owner = false, byowner = false, wake = false,
@@ -117,8 +122,10 @@ end
 -- group's state S. Nothing is written.
 local function load_group(K)
   check_types(K)
-  local tail_s = typed_call('hash', 'HGET', K.meta, 'tail')
-  local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top')
+  local mt = typed_call('hash', 'HMGET', K.meta, 'tail', 'tlast', 'dmax')
+  local tail_s = mt[1]
+  local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top',
+    'dcur', 'base', 'sk', 'rate', 'rwin')
   if not tail_s and not g[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
   local top_first, top_last = false, false
@@ -127,11 +134,21 @@ local function load_group(K)
     if not f then fail('WRONGTYPE', 'field top of ' .. K.group .. ' is not FIRST-LAST: ' .. s_sub(g[8], 1, 40)) end
     top_first, top_last = tonumber(f), tonumber(l)
   end
+  -- the due index is read only where delayed records were ever published (dmax)
+  if K.due and mt[3] then expect_type(K.due, 'zset') end
   return {
     tail = shard_tail(tail_s, K.log),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
     wseq = tonumber(g[5]), cons = g[6] == '1', trimmed = tonumber(g[7] or '0'),
     top_first = top_first, top_last = top_last, loaded_top_first = top_first, loaded_top_last = top_last,
+    -- timed records (lua/includes/records.lua): the last offset of one with a due time,
+    -- expiry or headers (-1: none), the latest due time in the shard's due index (0:
+    -- none), this group's due cursor (due times up to it are handled), the offset the
+    -- group started at, and how many delayed records it passed that are not yet due
+    tlast = tonumber(mt[2]) or -1, dmax = tonumber(mt[3]) or 0,
+    dcur = tonumber(g[9]) or 0, base = tonumber(g[10]) or 0, sk = tonumber(g[11]) or 0,
+    -- the rate limit ('COUNT PER_MS', or false) and its window ('START TAKEN')
+    rate = g[12] or false, rwin = g[13] or false,
     dirty = false, loaded = g,
   }
 end
@@ -144,6 +161,10 @@ local function save_group(K, S)
     if wseq ~= g[5] then args[#args + 1] = 'wseq'; args[#args + 1] = wseq end
     if cons ~= g[6] then args[#args + 1] = 'cons'; args[#args + 1] = cons end
     if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
+    local dcur, sk = fmt(S.dcur), fmt(S.sk)
+    if dcur ~= (g[9] or '0') then args[#args + 1] = 'dcur'; args[#args + 1] = dcur end
+    if sk ~= (g[11] or '0') then args[#args + 1] = 'sk'; args[#args + 1] = sk end
+    if S.rwin and S.rwin ~= g[13] then args[#args + 1] = 'rwin'; args[#args + 1] = S.rwin end
     -- the top run (formatted only when it changed)
     local top_first, top_last = S.top_first, S.top_last
     local top_changed = top_first ~= S.loaded_top_first or top_last ~= S.loaded_top_last
@@ -154,6 +175,19 @@ local function save_group(K, S)
     redis.call('HSET', K.group, unpack(args))
     if top_changed and not top_first then redis.call('HDEL', K.group, 'top') end
   end
+end
+
+-- A rate limit argument 'COUNT PER_MS' checked (COUNT 1..1000000, PER_MS 1..86400000),
+-- as stored; false for '0 0' (no limit).
+local function check_rate(arg)
+  if arg == '0 0' then return false end
+  local c, per = s_match(arg, '^(%d+) (%d+)$')
+  if not c or #c > 7 or #per > 9 or tonumber(c) < 1 or tonumber(c) > 1000000 or tonumber(per) < 1
+      or tonumber(per) > 86400000 then
+    fail('INVALID', "rate limit must be 'COUNT PER_MS' (COUNT 1..1000000, PER_MS 1..86400000) or '0 0', got "
+      .. s_sub(arg, 1, 40))
+  end
+  return fmt(tonumber(c)) .. ' ' .. fmt(tonumber(per))
 end
 
 -- Wakes long-polling consumers of this group (they block on the wake stream).

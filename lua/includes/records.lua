@@ -1,0 +1,64 @@
+-- records: the fields of a log entry beyond payload and key. A record published with
+-- headers, a delivery time or an expiry carries them as fields of its entry (after p,
+-- and k when it has a key): h (headers, a JSON object of strings), d (due time, ms
+-- since the epoch, server clock) and x (expiry, ms). Plain records have none.
+
+-- Checks a headers argument (ARGV of publish): a JSON object of 1..64 string values,
+-- names of 1..128 characters [A-Za-z0-9._-], names and values 16384 bytes in all.
+-- Where the backend has no cjson (none of Redis 7 or Valkey lacks it) only the outer
+-- shape and size are checked.
+local function check_headers(json)
+  if #json > 65536 or s_sub(json, 1, 1) ~= '{' or s_sub(json, -1) ~= '}' then
+    fail('INVALID', 'headers must be a JSON object of at most 16384 bytes of names and values')
+  end
+  if not cjson then return end
+  local ok, h = pcall(cjson.decode, json)
+  if not ok or type(h) ~= 'table' then fail('INVALID', 'headers are not a JSON object') end
+  local n, size = 0, 0
+  for name, value in pairs(h) do
+    if type(name) ~= 'string' or #name < 1 or #name > 128 or not s_match(name, '^[A-Za-z0-9._-]+$') then
+      fail('INVALID', 'header name ' .. s_sub(tostring(name), 1, 40) .. ' is not 1..128 characters of A-Za-z0-9._-')
+    end
+    if type(value) ~= 'string' then fail('INVALID', 'header ' .. name .. ' is not a string') end
+    n, size = n + 1, size + #name + #value
+  end
+  if n == 0 then fail('INVALID', "headers are an empty object: send '' for none") end
+  if n > 64 then fail('INVALID', 'at most 64 headers, got ' .. fmt(n)) end
+  if size > 16384 then fail('INVALID', 'headers are at most 16384 bytes of names and values, got ' .. fmt(size)) end
+end
+
+-- True when a log entry's fields are a plain record's: p, then at most k.
+local function plain_fields(fields)
+  return fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil))
+end
+
+-- payload, key (false: none), headers, due, expiry (strings; false when absent) of a
+-- log entry's fields.
+local function record_fields(fields)
+  local payload, key, h, d, x = '', false, false, false, false
+  for i = 1, #fields, 2 do
+    local f = fields[i]
+    if f == 'p' then payload = fields[i + 1]
+    elseif f == 'k' then key = fields[i + 1]
+    elseif f == 'h' then h = fields[i + 1]
+    elseif f == 'd' then d = fields[i + 1]
+    elseif f == 'x' then x = fields[i + 1]
+    end
+  end
+  return payload, key, h, d, x
+end
+
+-- What a reply carries in a record's key place: the key (false: none) for a plain
+-- record, else {key, headers, due, expiry} (false for each one absent).
+local function key_slot(key, h, d, x)
+  if h or d or x then return {key, h, d, x} end
+  return key
+end
+
+-- True when a log entry's fields carry an expiry at or before now (ms).
+local function expired_at(fields, now)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'x' then return tonumber(fields[i + 1]) <= now end
+  end
+  return false
+end
