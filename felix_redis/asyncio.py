@@ -16,7 +16,7 @@ from redis.exceptions import AskError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from felix_redis import scripts
+from felix_redis import schedules, scripts
 from felix_redis._driver import (
     UNAVAILABLE,
     BatchRun,
@@ -564,6 +564,25 @@ class AsyncClient(_AwaitsToItself):
     ) -> AsyncSubscription:
         positions = await self._drive(self.core.subscribe_start(tenant, namespace, stream, start, shards))
         return AsyncSubscription(self, (tenant, namespace, stream), positions, batch, block)
+
+    # -- recurring schedules (felix_redis.schedules, docs/schedules.md)
+
+    async def schedule_set(
+        self, tenant: str, namespace: str, stream: str, name: str, payload: bytes | str, *,
+        cron: str | None = None, every: float | None = None, timezone: str = "UTC",
+        key: str | bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> None:
+        await self._drive(schedules.set_plan(self.core, tenant, namespace, stream, name, payload, cron=cron,
+                                             every=every, timezone=timezone, key=key, headers=headers))
+
+    async def schedule_list(self, tenant: str, namespace: str, stream: str) -> list[schedules.Schedule]:
+        return await self._drive(schedules.list_plan(self.core, tenant, namespace, stream))
+
+    async def schedule_delete(self, tenant: str, namespace: str, stream: str, name: str) -> None:
+        await self._drive(schedules.delete_plan(self.core, tenant, namespace, stream, name))
+
+    async def schedule_tick(self, tenant: str, namespace: str, stream: str) -> schedules.Ticked:
+        return await self._drive(schedules.tick_plan(self.core, tenant, namespace, stream))
 
 
 class AsyncSubscription:

@@ -19,7 +19,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from felix_redis import scripts
+from felix_redis import schedules, scripts
 from felix_redis._driver import (
     UNAVAILABLE,
     BatchRun,
@@ -639,6 +639,32 @@ class Client:
         ones; independent of groups (an audit trail, a replay, a second consumer).
         ``start``: 'earliest', 'latest', one offset for every shard, or {shard: offset}."""
         return Subscription(self, tenant, namespace, stream, start, shards, batch, block)
+
+    # -- recurring schedules (felix_redis.schedules, docs/schedules.md)
+
+    def schedule_set(
+        self, tenant: str, namespace: str, stream: str, name: str, payload: bytes | str, *,
+        cron: str | None = None, every: float | None = None, timezone: str = "UTC",
+        key: str | bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> None:
+        """Publishes ``payload`` to the stream on a 5-field ``cron`` expression (evaluated
+        in ``timezone``) or ``every`` seconds (>= 1), once per due time; the first due time
+        is the first one after now. A schedule of that name is replaced."""
+        self._drive(schedules.set_plan(self.core, tenant, namespace, stream, name, payload, cron=cron,
+                                       every=every, timezone=timezone, key=key, headers=headers))
+
+    def schedule_list(self, tenant: str, namespace: str, stream: str) -> list[schedules.Schedule]:
+        """The stream's schedules, by name."""
+        return self._drive(schedules.list_plan(self.core, tenant, namespace, stream))
+
+    def schedule_delete(self, tenant: str, namespace: str, stream: str, name: str) -> None:
+        """Removes a schedule (unknown: NotFound)."""
+        self._drive(schedules.delete_plan(self.core, tenant, namespace, stream, name))
+
+    def schedule_tick(self, tenant: str, namespace: str, stream: str) -> schedules.Ticked:
+        """Publishes what the stream's schedules have due now, each due time once however
+        many tickers run; returns the records published (a list of Published)."""
+        return self._drive(schedules.tick_plan(self.core, tenant, namespace, stream))
 
 
 def _reply(conn: Any) -> Any:

@@ -105,6 +105,8 @@ Plan = Generator[Op, Any, T]
 RETRY_SAFE_SCRIPTS = frozenset({
     "stream_info", "stream_read", "stream_create", "stream_trim", "group_describe", "group_dead_letters",
     "group_poll", "group_ack", "group_configure",
+    # a schedule's due time is published once however often it is sent (docs/schedules.md)
+    "schedule_due", "schedule_fire", "schedule_set",
 })
 RETRY_SAFE_COMMANDS = frozenset({
     "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING",
