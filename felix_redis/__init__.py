@@ -35,6 +35,7 @@ from felix_redis.models import (
     StreamInfo,
     parse_claim,
 )
+from felix_redis.schedules import Schedule, Ticked
 from felix_redis.worker import Backoff, Fatal, Retry, Worker
 
 __version__ = "0.1.0"
@@ -63,12 +64,14 @@ __all__ = [
     "Published",
     "Record",
     "Retry",
+    "Schedule",
     "SequenceError",
     "ShardState",
     "ShardedGroup",
     "StaleClaim",
     "StreamExists",
     "StreamInfo",
+    "Ticked",
     "Worker",
     "WrongKeyType",
     "__version__",

@@ -33,8 +33,9 @@ from felix_redis.constants import (
     DEFAULT_VISIBILITY_TIMEOUT_MS,
     MAX_REASON_BYTES,
 )
-from felix_redis.errors import FelixError, InvalidArgument, StaleClaim
+from felix_redis.errors import FelixError, InvalidArgument, PermissionDenied, StaleClaim
 from felix_redis.models import GroupInfo, Record
+from felix_redis.schedules import TICK_MAX_S, TICK_MIN_S
 
 if TYPE_CHECKING:
     from felix_redis._driver import Item
@@ -301,6 +302,9 @@ class WorkerBase:
     #: The handler of a job past ``hard_limit_s`` is cancelled (asyncio) rather than left
     #: running while its lease lapses (threads).
     cancels_at_hard_limit: ClassVar[bool] = False
+    #: The worker ticks the recurring schedules of the streams it consumes, beside its
+    #: poll loop (docs/schedules.md); a subclass may set False.
+    ticks_schedules: ClassVar[bool] = True
 
     _stopping: Any  # a threading.Event, or an asyncio.Event
     _jobs: Iterable[Job]
@@ -425,6 +429,11 @@ class WorkerBase:
 
     def _idle(self, seconds: float) -> Any:
         """Waits ``seconds`` or until the worker stops (a Call)."""
+        raise NotImplementedError
+
+    def _schedule_idle(self, seconds: float) -> Any:
+        """The schedule ticker's wait: ``seconds``, or until the worker stops or shuts
+        down (a Call)."""
         raise NotImplementedError
 
     def _burst_check(self) -> Any:
@@ -577,6 +586,33 @@ class WorkerBase:
             detail += f" settle_error={error!r}"
         self._outcome(job.item.record, outcome, duration, detail)
         self._release(job)
+
+    def _schedule_plan(self, off: set[str]) -> Plan:
+        """One turn of the schedule ticker, off the poll loop: ticks each stream the worker
+        consumes (but those in ``off``), then waits until the earliest next due time the
+        ticks saw, at least TICK_MIN_S and at most TICK_MAX_S, or until the worker stops.
+        A stream this Redis user may not tick (no stream.publish role) goes into ``off``."""
+        wait = TICK_MAX_S
+        streams = list(self.stream) if isinstance(self.stream, (list, tuple)) else [self.stream]
+        for stream in streams:
+            if stream in off:
+                continue
+            try:
+                ticked = yield Call(self.client.schedule_tick, self.tenant, self.namespace, stream)
+            except PermissionDenied as exc:
+                off.add(stream)
+                log.warning("not ticking the schedules of stream %s/%s/%s (this Redis user lacks the "
+                            "stream.publish role): %s", self.tenant, self.namespace, stream, exc)
+                continue
+            except FelixError as exc:
+                log.error("schedule tick failed stream=%s/%s/%s: %s", self.tenant, self.namespace, stream, exc)
+                continue
+            if ticked:
+                log.info("schedules published %d record(s) stream=%s/%s/%s", len(ticked), self.tenant,
+                         self.namespace, stream)
+            if ticked.wait_s is not None:
+                wait = min(wait, ticked.wait_s)
+        yield Call(self._schedule_idle, max(TICK_MIN_S, wait))
 
     def _outcome(self, record: Record, outcome: str, duration: float, detail: str = "", failed: bool = False) -> None:
         with self._stats_lock:

@@ -14,7 +14,8 @@ grant it, least privilege first:
 * selectors ``(...)`` give the write commands the scripts use, only on the keys the role
   writes: a consumer its group's keys; a manager also ``SADD`` (never ``SREM``) on the
   groups set; a publisher ``HSET``/``HDEL`` on meta, ``XADD``/``XTRIM`` on the log and
-  ``ZADD``/``ZREMRANGEBYSCORE`` on the shard's due index
+  ``ZADD``/``ZREMRANGEBYSCORE`` on the shard's due index, ``HSET``/``HDEL`` and
+  ``ZADD``/``ZREM`` on the shard's schedules (docs/schedules.md)
   (never ``DEL``, never the settings in conf); an admin every key of its stream and its
   tenant's registry.
 
@@ -123,10 +124,13 @@ def rules(
     elif role == "stream.publish":
         # trimming (after a publish, when the stream has retention) reads every group's
         # position; the producers' states live in meta; the settings (conf) are read only
-        read = [*shard_patterns, f"{base}:g:*", cap]
+        # the recurring schedules (docs/schedules.md): set, delete and tick write them
+        schedule_patterns = [f"{base}:sched", f"{base}:schedules"]
+        read = [*shard_patterns, *schedule_patterns, f"{base}:g:*", cap]
         # the due index: delayed publishes add to it, trimming prunes what every group passed
         writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"]),
-                  (("zadd", "zremrangebyscore"), [f"{base}:due"])]
+                  (("zadd", "zremrangebyscore"), [f"{base}:due"]),
+                  (("hset", "hdel"), [f"{base}:schedules"]), (("zadd", "zrem"), [f"{base}:sched"])]
     else:  # stream.admin: every key of the stream, and its tenant's registry
         read = [f"{base}:*", cap, registry_key(p, _glob(tenant))]
         writes = [

@@ -67,6 +67,7 @@ class AsyncWorker(WorkerBase):
         self._settle_wake = asyncio.Event()
         self._settle_stop = False
         self._helpers: list[asyncio.Task[None]] = []
+        self._scheduler: asyncio.Task[None] | None = None
         self._signals: list[int] = []
 
     # -- public
@@ -94,6 +95,7 @@ class AsyncWorker(WorkerBase):
         self._settle_wake = asyncio.Event()
         self._settle_stop = False
         self._helpers = [asyncio.create_task(self._heartbeat_task()), asyncio.create_task(self._settle_task())]
+        self._scheduler = asyncio.create_task(self._scheduler_task()) if self.ticks_schedules else None
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
         log.info("async worker started stream=%s group=%s consumer=%s concurrency=%d visibility_timeout_s=%g",
@@ -189,6 +191,16 @@ class AsyncWorker(WorkerBase):
             await asyncio.sleep(tick)
             await drive_async(self._heartbeat_plan(list(self._jobs), every))
 
+    # -- recurring schedules
+
+    async def _scheduler_task(self) -> None:
+        off: set[str] = set()
+        while not self._stopping.is_set():
+            await drive_async(self._schedule_plan(off))
+
+    async def _schedule_idle(self, seconds: float) -> None:
+        await self._wait(self._stopping, seconds)
+
     # -- shutdown
 
     async def _shutdown(self) -> None:
@@ -207,6 +219,10 @@ class AsyncWorker(WorkerBase):
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await heartbeat
+        if self._scheduler is not None:  # a tick cut short publishes each due time once all the same
+            self._scheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
         self._stopping.clear()  # run() may be called again
         self._restore_signal_handlers()
         self._log_stopped("async worker")

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_EVERY_S",
+    "TICK_MAX_S",
+    "TICK_MIN_S",
     "Schedule",
     "Ticked",
     "check_cron",
@@ -67,6 +69,11 @@ DUE_LIMIT = 2500
 #: Most schedules one listing call returns (a shard with more is read in one call anyway:
 #: the script's limit).
 LIST_LIMIT = 10000
+#: A worker's ticker (felix_redis._runtime) and ``felixctl scheduler`` look again after
+#: the earliest next due time the last tick saw, but at least this long after it ...
+TICK_MIN_S = 1.0
+#: ... and at most this long after it (a schedule set meanwhile elsewhere is seen then).
+TICK_MAX_S = 5.0
 #: Rounds of a tick over a shard with more schedules due at once than DUE_LIMIT.
 MAX_ROUNDS = 100
 _UTC = dt_timezone.utc

@@ -121,6 +121,7 @@ class Worker(WorkerBase):
         self._settle_stop = False
         self._threads: list[threading.Thread] = []
         self._old_handlers: dict[int, Any] = {}
+        self._scheduler_stop = threading.Event()
 
     # -- public
 
@@ -136,6 +137,7 @@ class Worker(WorkerBase):
     def stop(self) -> None:
         """Stops polling; running handlers get ``grace_s`` to finish. Safe from any thread."""
         self._stopping.set()
+        self._scheduler_stop.set()
         with self._slots:
             self._slots.notify_all()
             self._settle.notify_all()  # no poll will take the finished jobs along now
@@ -161,6 +163,9 @@ class Worker(WorkerBase):
         targets: list[tuple[str, Callable[[], None]]] = [
             (f"felix-handler-{i}", self._handler_thread) for i in range(self.concurrency)]
         targets += [("felix-heartbeat", self._heartbeat_thread), ("felix-settle", self._settle_thread)]
+        if self.ticks_schedules:
+            self._scheduler_stop = threading.Event()  # one per run: set by stop() and at shutdown
+            targets.append(("felix-scheduler", self._scheduler_thread))
         self._threads = [threading.Thread(target=fn, name=name, daemon=True) for name, fn in targets]
         for thread in self._threads:
             thread.start()
@@ -251,6 +256,16 @@ class Worker(WorkerBase):
                 jobs = list(self._jobs)
             drive(self._heartbeat_plan(jobs, every))
 
+    # -- recurring schedules
+
+    def _scheduler_thread(self) -> None:
+        off: set[str] = set()
+        while not self._stopping.is_set() and not self._scheduler_stop.is_set():
+            drive(self._schedule_plan(off))
+
+    def _schedule_idle(self, seconds: float) -> None:
+        self._scheduler_stop.wait(seconds)
+
     # -- shutdown
 
     def _shutdown(self) -> None:
@@ -269,6 +284,10 @@ class Worker(WorkerBase):
             self._settle.notify_all()
         settle = next(t for t in self._threads if t.name == "felix-settle")
         settle.join(max(1.0, deadline - time.monotonic()))
+        self._scheduler_stop.set()
+        for thread in self._threads:
+            if thread.name == "felix-scheduler":  # ends its tick, if one is under way
+                thread.join(max(1.0, deadline - time.monotonic()))
         self._done.set()
         self._stopping.clear()  # run() may be called again
         self._restore_signal_handlers()
