@@ -89,10 +89,11 @@ def _register() -> None:
     from felixctl.demo import demo
     from felixctl.groups import group
     from felixctl.records import pub, sub
+    from felixctl.schedules import schedule, scheduler
     from felixctl.streams import stream
     from felixctl.worker_cmd import metrics, worker
 
-    for command in (stream, group, pub, sub, worker, metrics, demo, acl, install):
+    for command in (stream, group, pub, sub, worker, metrics, demo, acl, install, schedule, scheduler):
         cli.add_command(command)
 
 
