@@ -78,7 +78,7 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
 
         def bare_publish() -> None:
             # a plain publish (no producer): the script and the round trip, no client code
-            raw.fcall(publish_fn, 3, meta, log, conf, "", "", 0, 3_600_000, PAYLOAD)
+            raw.fcall(publish_fn, 3, meta, log, conf, "", "", 0, 3_600_000, "", "", "", PAYLOAD)
 
         def spin(n: int) -> Callable[[], None]:
             return lambda: raw.fcall("felixbench_spin", 0, n)

@@ -75,3 +75,8 @@ def env_int(name: str, default: int) -> int:
         from felix_redis.errors import InvalidArgument
 
         raise InvalidArgument(f"${name} must be an integer, got {raw!r}") from None
+
+#: How many times one poll asks a shard again at once when it handed out nothing but
+#: said something is due now (its scan stopped at its bound in a long run of delayed
+#: records), before it blocks or returns.
+POLL_AGAIN_MAX = 64

@@ -142,11 +142,13 @@ class _Families:
     """The gauge families of one scrape."""
 
     SHARD_GAUGES = (
-        ("unfinished", "Records the group has not finished: pending + owed + in flight."),
+        ("unfinished", "Records the group has not finished: pending + owed + in flight + scheduled."),
         ("lag", "Tail - position: the unfinished records and the finished ones above the position "
                 "(which an unfinished record holds back); alert on felix_group_unfinished."),
-        ("pending", "Records never delivered to the group yet."),
-        ("owed", "Records waiting to be redelivered (nacked, lapsed, redriven, delayed)."),
+        ("pending", "Records never delivered to the group yet (and due)."),
+        ("scheduled", "Delayed records not yet due (published with a delay or a delivery time)."),
+        ("owed", "Records waiting to be redelivered (nacked, lapsed, redriven), or delayed records the group "
+                 "passed over once due."),
         ("in_flight", "Records held under a valid lease."),
         ("dead", "Dead letters of the group."),
         ("position", "Smallest offset the group has not finished."),

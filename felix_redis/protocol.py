@@ -715,8 +715,8 @@ class Core:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_create",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard),
-                     name.due_key(shard)],
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard),
+                     name.groups_key(shard)],
                     [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check, rate],
                     f"{context} shard {shard}", 0 if check else settings.replicas,
                 )
@@ -746,7 +746,8 @@ class Core:
         def ops(check: int) -> Iterable[Eval]:
             for shard in range(settings.shards):
                 yield Eval(
-                    "group_configure", [*name.shard_keys(shard), *name.group_keys(shard, group)],
+                    "group_configure",
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)],
                     [vt, attempts, check, rate], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
@@ -763,9 +764,10 @@ class Core:
         settings = yield from self.settings(name)
         name = self.cache.laid(name, settings)
         shards = range(settings.shards) if shard is None else [self.shard_of(name, settings, shard)]
-        roles = ("meta", "log", "groups", *GROUP_ROLES)
+        roles = ("meta", "log", "groups", *GROUP_ROLES, "due")
         return {
-            s: dict(zip(roles, [*name.shard_keys(s), name.groups_key(s), *name.group_keys(s, group)], strict=True))
+            s: dict(zip(roles, [*name.shard_keys(s), name.groups_key(s), *name.group_keys(s, group), name.due_key(s)],
+                        strict=True))
             for s in shards
         }
 
@@ -786,7 +788,8 @@ class Core:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_delete",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.groups_key(shard)],
+                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard),
+                     name.groups_key(shard)],
                     [group, check], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
@@ -839,17 +842,24 @@ class Core:
         args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
         if ack is not None:
             args += ack_offsets(ack, shard)
+        again = 0
         while True:
             reply = yield Eval("group_poll", keys, args, context, settings.replicas)
             count = int(reply[4])
-            if count or wait_ms <= 0:
+            due = int(reply[1])
+            # nothing handed out but something due now (the scan stopped at its bound in a
+            # long run of delayed records): at once again, a bounded number of times
+            now_due = count == 0 and 0 <= due <= int(reply[0]) and again < C.POLL_AGAIN_MAX
+            if count or (wait_ms <= 0 and not now_due):
                 return parse_delivered(reply, 5, count, shard)
             args = [*args[:2], 0]  # the acks went with the first call; reclaim once
+            if now_due:
+                again += 1
+                continue
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return []
             block_ms = left_ms
-            due = int(reply[1])
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
             yield BlockAny(wake_points(keys, reply), block_ms, context)

@@ -36,7 +36,8 @@ def decode_headers(raw: Any) -> dict[str, str] | None:
 
 
 def _ms(raw: Any) -> int | None:
-    return None if raw is None else int(raw)
+    """A due or expiry time; None when absent (the script passes only plain decimals)."""
+    return int(raw) if isinstance(raw, (bytes, str)) and raw.isdigit() else None
 
 
 def _extended(shard: int, off: int, attempts: int, payload: bytes, slot: list[Any], ms: int) -> Record:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
+from felix_redis.constants import POLL_AGAIN_MAX
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
@@ -45,20 +46,30 @@ class ShardedPoll:
         self.out: list[Record] = []
         self.points: dict[str, str] = {}
         self.block_ms = -1
+        #: a shard handed out less than asked while something there is due now
+        self.due_now = False
 
     def run(self, cursor: int) -> Plan[tuple[list[Record], int]]:
         """The records, and the cursor for the next poll (the shard that goes first)."""
         deadline = time.monotonic() + self.wait_ms / 1000
         shards = len(self.chosen)
+        again = 0
         while True:
             order = [self.chosen[(cursor + i) % shards] for i in range(shards)]
             cursor = (cursor + 1) % shards
-            self.out, self.points, self.block_ms = [], {}, -1
+            self.out, self.points, self.block_ms, self.due_now = [], {}, -1, False
             first = order[: min(shards, self.max_records)]
             more = yield from self.first_pass(first)
             if more is not None:
                 yield from self.second_pass(order[len(first):] + more)
-            if self.out or self.wait_ms <= 0:
+            if self.out:
+                return self.out, cursor
+            if self.due_now and again < POLL_AGAIN_MAX:
+                # a shard said something is due now (its scan stopped at its bound in a
+                # long run of delayed records): another round at once, a bounded number
+                again += 1
+                continue
+            if self.wait_ms <= 0:
                 return self.out, cursor
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
@@ -137,4 +148,7 @@ class ShardedPoll:
         if due >= 0:
             until = max(1, due - int(reply[0]) + 1)
             self.block_ms = until if self.block_ms < 0 else min(self.block_ms, until)
+            if count < want and due <= int(reply[0]):
+                self.due_now = True
+                return True
         return count == want

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -438,8 +439,49 @@ def record_json(record: Record, *, with_claim: bool) -> dict[str, Any]:
         data["claim"] = record.claim
     data["key"] = record.key
     data["published_at"] = record.published_at.isoformat(timespec="milliseconds")
+    deliver, expires = record.deliver_at, record.expires_at
+    data["deliver_at"] = None if deliver is None else deliver.isoformat(timespec="milliseconds")
+    data["expires_at"] = None if expires is None else expires.isoformat(timespec="milliseconds")
+    data["headers"] = record.headers
     data.update(payload_json(record.payload))
     return data
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'30s', '5m', '2h', '1d', '250ms' or a plain number of seconds, as seconds."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration such as 30s, 5m, 2h, 1d or 250ms", param_hint=what)
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def parse_rate(text: str) -> tuple[int, float] | None:
+    """'100/1s' (COUNT/DURATION; '100/s' is 100 a second) as (count, per_seconds); 'none'
+    or '0' removes a limit (None)."""
+    if text.strip().lower() in ("none", "off", "0"):
+        return None
+    count, sep, per = text.strip().partition("/")
+    if not sep or not count.isdigit():
+        raise click.BadParameter(f"{text!r} is not a rate limit COUNT/DURATION such as 100/1s or 10/m",
+                                 param_hint="--rate-limit")
+    if per in _UNITS:
+        per = "1" + per
+    return int(count), parse_duration(per, "--rate-limit")
+
+
+def parse_headers(pairs: Sequence[str]) -> dict[str, str] | None:
+    """--header name=value options as a dict (None for none)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not name=value", param_hint="--header")
+        out[name] = value
+    return out or None
 
 
 def emit_json(document: Any, *, compact: bool = False) -> None:

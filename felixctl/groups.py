@@ -29,6 +29,7 @@ from felixctl.common import (
     human_ms,
     output_option,
     parse_claims,
+    parse_rate,
     pass_ctl,
     record_json,
     shard_option,
@@ -53,6 +54,17 @@ def max_attempts_option(help: str) -> Callable[[F], F]:
     return click.option("--max-attempts", type=click.IntRange(min=1), default=None, metavar="N", help=help)
 
 
+RATE_HELP = ("At most COUNT hand-outs per DURATION on each shard, whoever polls (100/1s, 10/m, 5/250ms)")
+
+
+def rate_option(help: str) -> Callable[[F], F]:
+    return click.option("--rate-limit", "rate_limit", default=None, metavar="COUNT/DURATION", help=help)
+
+
+def rate_text(rate: tuple[int, float] | None) -> str:
+    return "none" if rate is None else f"{rate[0]}/{rate[1]:g}s"
+
+
 @click.group(short_help="Consumer groups: poll, settle claims, dead letters.", epilog=examples(
     "felixctl group create jobs workers --from earliest",
     "felixctl group poll jobs workers --max 5 --wait-ms 5000",
@@ -69,6 +81,7 @@ def group() -> None:
 @group.command("create", epilog=examples(
     "felixctl group create jobs workers --from earliest",
     "felixctl group create orders workers-1 --from latest --visibility-timeout-ms 60000 --max-attempts 3",
+    "felixctl group create emails senders --rate-limit 100/1s",
     note="Creating a group that exists already fails with exit status 1.",
 ))
 @stream_argument
@@ -76,15 +89,16 @@ def group() -> None:
 @start_option("First record the group hands out: earliest, latest (the next published) or an offset.")
 @visibility_option(f"{VISIBILITY_HELP} (default $FELIX_GROUP_VISIBILITY_TIMEOUT_MS or 30000).")
 @max_attempts_option(f"{MAX_ATTEMPTS_HELP} (default $FELIX_GROUP_MAX_ATTEMPTS or 5).")
+@rate_option(f"{RATE_HELP} (default: no limit).")
 @pass_ctl
 def create(
     ctl: Ctl, stream: str, group: str, start: str | int, visibility_timeout_ms: int | None,
-    max_attempts: int | None,
+    max_attempts: int | None, rate_limit: str | None,
 ) -> None:
     """Create a group (on every shard of STREAM)."""
     ctl.client.group_create(
         *ctl.where(stream), group, start=start, visibility_timeout_ms=visibility_timeout_ms,
-        max_attempts=max_attempts,
+        max_attempts=max_attempts, rate_limit=None if rate_limit is None else parse_rate(rate_limit),
     )
     click.echo(visible(f"group {group} created on {ctl.path(stream)} from {start}"))
 
@@ -92,28 +106,34 @@ def create(
 @group.command("configure", epilog=examples(
     "felixctl group configure jobs workers --visibility-timeout-ms 120000",
     "felixctl group configure jobs workers --max-attempts 10",
+    "felixctl group configure jobs workers --rate-limit 100/1s",
+    "felixctl group configure jobs workers --rate-limit none",
 ))
 @stream_argument
 @group_argument
 @visibility_option(f"{VISIBILITY_HELP} (unchanged when not given).")
 @max_attempts_option(f"{MAX_ATTEMPTS_HELP} (unchanged when not given).")
+@rate_option(f"{RATE_HELP}; 'none' removes the limit (unchanged when not given).")
 @pass_ctl
 def configure(
-    ctl: Ctl, stream: str, group: str, visibility_timeout_ms: int | None, max_attempts: int | None
+    ctl: Ctl, stream: str, group: str, visibility_timeout_ms: int | None, max_attempts: int | None,
+    rate_limit: str | None,
 ) -> None:
-    """Change the visibility timeout or attempt bound.
+    """Change the visibility timeout, attempt bound or rate limit.
 
     The new values apply to later polls.
     """
-    if visibility_timeout_ms is None and max_attempts is None:
-        raise click.UsageError("nothing to change: give --visibility-timeout-ms and/or --max-attempts")
+    if visibility_timeout_ms is None and max_attempts is None and rate_limit is None:
+        raise click.UsageError(
+            "nothing to change: give --visibility-timeout-ms, --max-attempts and/or --rate-limit")
+    extra: dict[str, Any] = {} if rate_limit is None else {"rate_limit": parse_rate(rate_limit)}
     ctl.client.group_configure(
-        *ctl.where(stream), group, visibility_timeout_ms=visibility_timeout_ms, max_attempts=max_attempts
+        *ctl.where(stream), group, visibility_timeout_ms=visibility_timeout_ms, max_attempts=max_attempts, **extra
     )
     info = ctl.client.group_describe(*ctl.where(stream), group)
     click.echo(visible(
         f"group {group} on {ctl.path(stream)}: visibility timeout {info.visibility_timeout_ms} ms, "
-        f"max attempts {info.max_attempts}"
+        f"max attempts {info.max_attempts}, rate limit {rate_text(info.rate_limit)}"
     ))
 
 
@@ -152,8 +172,10 @@ def group_json(info: GroupInfo) -> dict[str, Any]:
         "tenant": info.tenant, "namespace": info.namespace, "stream": info.stream, "group": info.group,
         "visibility_timeout_ms": info.visibility_timeout_ms, "max_attempts": info.max_attempts,
         "unfinished": info.unfinished, "lag": info.lag, "pending": info.pending, "in_flight": info.in_flight,
-        "owed": info.owed, "dead": info.dead, "trimmed": info.trimmed,
+        "owed": info.owed, "dead": info.dead, "trimmed": info.trimmed, "scheduled": info.scheduled,
         "oldest_unfinished_age_ms": info.oldest_unfinished_age_ms,
+        "rate_limit": None if info.rate_limit is None else {
+            "count": info.rate_limit[0], "per_seconds": info.rate_limit[1]},
         "shards": [dataclasses.asdict(s) for s in info.shards],
     }
 
@@ -166,19 +188,22 @@ def describe_text(info: GroupInfo) -> str:
     """The aligned per-shard table ``group describe`` prints (the demo prints it too);
     a TRIMMED column when retention removed records before the group finished them."""
     trimmed = info.trimmed > 0
+    scheduled = info.scheduled > 0
     rows: list[list[object]] = [
-        [s.shard, s.position, s.tail, s.lag, s.unfinished, s.pending, s.in_flight, s.owed, s.dead,
-         *([s.trimmed] if trimmed else []), human_ms(s.oldest_unfinished_age_ms)]
+        [s.shard, s.position, s.tail, s.lag, s.unfinished, s.pending, *([s.scheduled] if scheduled else []),
+         s.in_flight, s.owed, s.dead, *([s.trimmed] if trimmed else []), human_ms(s.oldest_unfinished_age_ms)]
         for s in info.shards
     ]
     if len(info.shards) > 1:
         rows.append(["all", "", sum(s.tail for s in info.shards), info.lag, info.unfinished, info.pending,
-                     info.in_flight, info.owed, info.dead, *([info.trimmed] if trimmed else []),
-                     human_ms(info.oldest_unfinished_age_ms)])
-    headers = DESCRIBE_HEADERS[:-1] + (["TRIMMED"] if trimmed else []) + DESCRIBE_HEADERS[-1:]
+                     *([info.scheduled] if scheduled else []), info.in_flight, info.owed, info.dead,
+                     *([info.trimmed] if trimmed else []), human_ms(info.oldest_unfinished_age_ms)])
+    headers = (DESCRIBE_HEADERS[:6] + (["SCHEDULED"] if scheduled else []) + DESCRIBE_HEADERS[6:-1]
+               + (["TRIMMED"] if trimmed else []) + DESCRIBE_HEADERS[-1:])
     head = (
         f"group {info.group} on {info.tenant}/{info.namespace}/{info.stream}: visibility timeout "
         f"{info.visibility_timeout_ms} ms, max attempts {info.max_attempts}"
+        + ("" if info.rate_limit is None else f", rate limit {rate_text(info.rate_limit)} per shard")
     )
     return visible(head) + "\n" + table(headers, rows, right=range(len(headers)))
 
@@ -187,12 +212,13 @@ def describe_text(info: GroupInfo) -> str:
     "felixctl group describe jobs workers",
     "felixctl group describe jobs workers -o json",
     "felixctl group describe jobs workers --watch 2     # refresh every 2 s until Ctrl-C",
-    note="Per shard: POSITION is the first unfinished offset, TAIL the next offset to be published, "
-    "LAG = TAIL - POSITION (finished records above a held-back position count too), UNFINISHED = PENDING + "
-    "IN-FLIGHT + OWED (what is left to do: alert on it and on OLDEST-UNFINISHED), PENDING the records never "
-    "delivered, IN-FLIGHT those under a lease, OWED those waiting for redelivery (nacked, lapsed, redriven), "
-    "DEAD the dead letters, TRIMMED (shown when not 0) records retention removed before the group finished "
-    "them. --watch stops on Ctrl-C with exit status 130.",
+    note="Per shard: POSITION is the first unfinished offset, TAIL the next offset to be published, LAG = TAIL"
+    " - POSITION (finished records above a held-back position count too), UNFINISHED = PENDING + IN-"
+    "FLIGHT + OWED + SCHEDULED (what is left to do: alert on it and on OLDEST-UNFINISHED), PENDING the "
+    "records never delivered, IN-FLIGHT those under a lease, OWED those waiting for redelivery (nacked, "
+    "lapsed, redriven, or delayed ones that came due), DEAD the dead letters, TRIMMED (shown when not 0) "
+    "records retention removed before the group finished them, SCHEDULED (shown when not 0) delayed "
+    "records not yet due. --watch stops on Ctrl-C with exit status 130.",
 ))
 @stream_argument
 @group_argument
@@ -240,7 +266,7 @@ def describe(ctl: Ctl, stream: str, group: str, output: str, watch_s: float | No
 @stream_argument
 @group_argument
 @shard_option("Only this shard's keys.")
-@click.option("--role", type=click.Choice([*SHARD_ROLES, "groups", *GROUP_ROLES]), default=None,
+@click.option("--role", type=click.Choice([*SHARD_ROLES, "groups", *GROUP_ROLES, "due"]), default=None,
               help="Print only the key(s) of this role, one per line, without the table.")
 @output_option()
 @pass_ctl

@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import IO, Any
 
 import click
@@ -19,6 +20,8 @@ from felixctl.common import (
     emit_line,
     examples,
     output_option,
+    parse_duration,
+    parse_headers,
     pass_ctl,
     record_json,
     shard_option,
@@ -50,7 +53,10 @@ def read_stdin_payload() -> bytes:
         "echo hello | felixctl pub jobs -",
         "felixctl pub jobs --key order-42 'charge-card'",
         "felixctl pub jobs --file tasks.txt",
-        note="Prints SHARD:OFFSET of the record. With --file, a summary per shard.",
+        "felixctl pub jobs --delay 5m 'send-reminder'",
+        "felixctl pub jobs --at 2026-12-24T18:00:00Z --expires-in 1h --header trace=abc 'open-gifts'",
+        note="Prints SHARD:OFFSET of the record. With --file, a summary per shard. --delay, --at, "
+        "--expires-in and --header apply to every record of the call.",
     ),
 )
 @stream_argument
@@ -61,22 +67,59 @@ def read_stdin_payload() -> bytes:
               help="Publish one record per line of FILE ('-' for stdin).")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=500, show_default=True,
               help="With --file: lines per atomic batch (one batch lands on one shard).")
+@click.option("--delay", default=None, metavar="DURATION",
+              help="No group hands the record out before this long from now (30s, 5m, 2h, 1d; server clock).")
+@click.option("--at", "at", default=None, metavar="TIME",
+              help="No group hands the record out before TIME (ISO 8601 with a zone, e.g. 2026-12-24T18:00:00Z).")
+@click.option("--expires-in", default=None, metavar="DURATION",
+              help="Never handed out after this long from now: a group dead-letters it (reason expired).")
+@click.option("--header", "headers", multiple=True, metavar="NAME=VALUE",
+              help="A record header (repeatable); names are 1..128 characters of A-Za-z0-9._-.")
 @pass_ctl
 def pub(
     ctl: Ctl, stream: str, payload: str | None, key: str | None, shard: int | None,
-    file: IO[bytes] | None, batch_size: int,
+    file: IO[bytes] | None, batch_size: int, delay: str | None, at: str | None, expires_in: str | None,
+    headers: tuple[str, ...],
 ) -> None:
     """Publish PAYLOAD to STREAM ('-' reads it from stdin, one trailing newline dropped)."""
+    timing = publish_options(delay, at, expires_in, headers)
     if file is not None:
         if payload is not None:
             raise click.UsageError("give either PAYLOAD or --file, not both")
-        publish_file(ctl, stream, file, key, shard, batch_size)
+        publish_file(ctl, stream, file, key, shard, batch_size, timing)
         return
     if payload is None:
         raise click.UsageError("missing PAYLOAD (or '-' for stdin, or --file FILE)")
     data = read_stdin_payload() if payload == "-" else os.fsencode(payload)
-    published = ctl.client.publish(*ctl.where(stream), data, shard=shard, key=key)
+    published = ctl.client.publish(*ctl.where(stream), data, shard=shard, key=key, **timing)
     click.echo(f"{published.shard}:{published.offset}")
+
+
+def publish_options(delay: str | None, at: str | None, expires_in: str | None,
+                    headers: tuple[str, ...]) -> dict[str, Any]:
+    """The publish keywords of pub's --delay, --at, --expires-in and --header."""
+    if delay is not None and at is not None:
+        raise click.UsageError("give either --delay or --at, not both")
+    out: dict[str, Any] = {}
+    if delay is not None:
+        out["delay"] = parse_duration(delay, "--delay")
+    if at is not None:
+        text = at.strip()
+        try:
+            when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        except ValueError:
+            raise click.BadParameter(f"{at!r} is not an ISO 8601 time such as 2026-12-24T18:00:00Z",
+                                     param_hint="--at") from None
+        if when.tzinfo is None:
+            raise click.BadParameter(f"{at!r} has no time zone: add Z or an offset such as +01:00",
+                                     param_hint="--at")
+        out["deliver_at"] = when
+    if expires_in is not None:
+        out["expires_in"] = parse_duration(expires_in, "--expires-in")
+    parsed = parse_headers(headers)
+    if parsed is not None:
+        out["headers"] = parsed
+    return out
 
 
 @dataclass
@@ -118,7 +161,8 @@ def _is_terminal(stream: IO[str]) -> bool:
 
 
 def publish_file(
-    ctl: Ctl, stream: str, file: IO[bytes], key: str | None, shard: int | None, batch_size: int
+    ctl: Ctl, stream: str, file: IO[bytes], key: str | None, shard: int | None, batch_size: int,
+    timing: dict[str, Any],
 ) -> None:
     """One record per line, ``batch_size`` lines per publish_batch call."""
     summary = FileSummary()
@@ -129,7 +173,7 @@ def publish_file(
 
     def flush(batch: list[bytes]) -> None:
         try:
-            summary.add(ctl.client.publish_batch(*ctl.where(stream), batch, shard=shard, key=key))
+            summary.add(ctl.client.publish_batch(*ctl.where(stream), batch, shard=shard, key=key, **timing))
         except FelixError as exc:
             raise OperationError(
                 f"{exc} (published {summary.records} records before this; "

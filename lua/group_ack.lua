@@ -5,6 +5,7 @@
 -- settled on its own: one never delivered is reported (-1) and the others are acked.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
 -- ARGV[1..] offsets   1..10000 offsets (integers) of delivered records
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key

@@ -3,6 +3,7 @@
 -- Leases already granted keep their expiry. Safe to run twice.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
 -- ARGV[1] vt_ms         integer 1..604800000, or '' to keep
 -- ARGV[2] max_attempts  integer 1..1000000, or '' to keep
 -- ARGV[3] check         '1': validate only and write nothing; '0': configure

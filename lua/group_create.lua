@@ -3,7 +3,11 @@
 -- is left as it is.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
--- KEYS[14] groups    set: names of the groups on this shard
+-- KEYS[14] due       zset: the shard's due index (optional: lua/includes/group.lua). With it
+--                    the group starts its due cursor now and, when it starts above delayed
+--                    records not yet due, notes the latest of their due times (dpre) for
+--                    describe
+-- KEYS[15] groups    set: names of the groups on this shard
 -- ARGV[1] name        the group name: the one KEYS[3] is of
 -- ARGV[2] start       'earliest', 'latest' or an offset (integer, 0..tail)
 -- ARGV[3] vt_ms       integer 1..604800000, visibility timeout (lease length) in ms
@@ -11,9 +15,6 @@
 -- ARGV[5] strict      '1': fail if the group exists; '0': return 0
 -- ARGV[6] check       '1': validate only and write nothing; '0': create
 -- ARGV[7] rate        'COUNT PER_MS' rate limit (as group_configure), '' or absent: none
--- KEYS[15] due        zset (optional): the shard's due index. With it the group starts
---                     its due cursor now and, when it starts above delayed records not yet
---                     due, notes the latest of their due times (dpre) for describe
 --
 -- Role: group.manage, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:manage, derived from KEYS[3]; never passed nor accessed.
@@ -32,10 +33,11 @@ local max = int_arg(ARGV[4], 'max_attempts', 1, 1000000)
 local rate = ARGV[7] or ''
 if rate ~= '' then rate = check_rate(rate) end
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
-if KEYS[14] ~= group_shape().groups then
-  fail('INVALID', 'KEYS[14] is ' .. tostring(KEYS[14]) .. ', not ' .. group_shape().groups)
+local GROUPS = KEYS[#KEYS]
+if GROUPS ~= group_shape().groups then
+  fail('INVALID', 'the last key is ' .. tostring(GROUPS) .. ', not ' .. group_shape().groups)
 end
-expect_type(KEYS[14], 'set')
+expect_type(GROUPS, 'set')
 if K.due then expect_type(K.due, 'zset') end
 if redis.call('EXISTS', K.meta) == 0 then fail('NOT_FOUND', 'stream (or shard) does not exist') end
 -- the tail and the first record kept, as the log has them where meta was written by hand
@@ -78,5 +80,5 @@ if rate and rate ~= '' then
   fields[#fields + 1] = rate
 end
 redis.call('HSET', K.group, unpack(fields))
-redis.call('SADD', KEYS[14], name)
+redis.call('SADD', GROUPS, name)
 return 1

@@ -3,6 +3,7 @@
 -- current claim.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
 -- ARGV[1] offset      integer, the record
 -- ARGV[2] attempts    integer >= 1, the claim's attempts
 -- ARGV[3] reason      text, at most 4096 bytes

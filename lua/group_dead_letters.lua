@@ -1,6 +1,7 @@
 -- group_dead_letters: list a group's dead letters on one shard. Writes nothing.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
 -- (no ARGV)
 --
 -- Returns: flat list OFFSET, "ATTEMPTS|MS|REASON", ... in no particular order.

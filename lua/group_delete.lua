@@ -5,7 +5,8 @@
 -- stream_trim); stream_delete (stream.admin) removes the set.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
--- KEYS[14] groups    set: names of the groups on this shard
+-- KEYS[14] due        zset: the shard's due index (not touched)
+-- KEYS[15] groups    set: names of the groups on this shard
 -- ARGV[1] name       the group name: the one KEYS[3] is of
 -- ARGV[2] check      '1': validate only and write nothing; '0': delete
 --
@@ -21,7 +22,7 @@ if ARGV[1] ~= group_shape().group then
   fail('INVALID', 'ARGV[1] names group ' .. tostring(ARGV[1]) .. ', KEYS are those of group ' .. group_shape().group)
 end
 for _, kt in ipairs(GROUP_KEY_TYPES) do expect_type(K[kt[1]], kt[2]) end
-expect_type(KEYS[14], 'set')
+expect_type(KEYS[#KEYS], 'set')
 local existed = redis.call('EXISTS', K.group)
 if ARGV[2] == '1' then return existed end
 for i = 3, 13 do redis.call('DEL', KEYS[i]) end

@@ -3,8 +3,8 @@
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- (no ARGV)
 --
--- KEYS[14] due   zset (optional): the shard's due index; without it no record counts as
---                scheduled
+-- KEYS[14] due   zset: the shard's due index (optional: without it no record counts as
+--                scheduled; lua/includes/group.lua)
 -- Returns: {position, tail, next, owed, in_flight, dead, oldest unfinished age ms (-1:
 -- none), trimmed, vt_ms, max_attempts, now ms, scheduled, pending adjustment, rate limit
 -- ('COUNT PER_MS' or nil)}. next and trimmed include records retention removed before the

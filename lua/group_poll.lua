@@ -7,7 +7,7 @@
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- KEYS[14] due         zset: the shard's due index (optional: without it, delivery times
---                      are not waited for)
+--                      are not waited for; lua/includes/group.lua)
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
@@ -94,8 +94,23 @@ end
 -- 1b. Delayed records this group passed over whose due time came (due cursor .. now]:
 -- owed from their due time, as first deliveries (no attempts entry). Records at or above
 -- next are not passed yet: the scan below meets them, due by then.
+-- At most DUE_BATCH a call: when more came due, the cursor stops before the last due
+-- time taken (or takes every record of that due time when the batch holds no other), and
+-- the scan below passes over what is due after the cursor, so no record is both handed out
+-- by the scan and owed here later.
+local DUE_BATCH = 10000
 if K.due and S.dmax > S.dcur then
-  local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(dnow), 'WITHSCORES')
+  local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(dnow), 'WITHSCORES', 'LIMIT', '0',
+    fmt(DUE_BATCH))
+  if #got == 2 * DUE_BATCH then
+    local last = got[#got]
+    if got[2] == last then
+      got = redis.call('ZRANGEBYSCORE', K.due, last, last, 'WITHSCORES')
+    else
+      while got[#got] == last do got[#got] = nil; got[#got] = nil end
+    end
+    dnow = tonumber(got[#got])
+  end
   local adds = {}
   for i = 1, #got, 2 do
     local off = tonumber(got[i])
@@ -236,12 +251,17 @@ end
 local want = max_records - n
 local scanned, more = 0, false
 while want > 0 and S.next < S.tail do
-  if scanned >= 4 * max_records + 256 then more = true break end
-  local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(want))
+  if scanned >= 4 * max_records + 4096 then more = true break end
+  -- where timed records may be, a page larger than wanted: the ones passed over do not
+  -- count (the loop stops taking at max_records; next stays at the last one taken)
+  local page = want
+  if S.tlast >= S.next then page = math.max(want, 256) end
+  local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(page))
   local first = S.next
   local count = #entries
   scanned = scanned + count
-  if count > 0 and S.tlast < first and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
+  if count > 0 and page == want and S.tlast < first
+      and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
     -- and the records take one lease (anonymous first deliveries, the usual case, have
     -- no attempts nor owner to write)
@@ -255,6 +275,7 @@ while want > 0 and S.next < S.tail do
   else
     local fresh = {}
     for i, e in ipairs(entries) do
+      if n >= max_records then break end
       local m = s_match(e[1], '^%d+')
       local off = tonumber(m)
       -- a second entry at an offset (added by hand with a later time) is no record: the

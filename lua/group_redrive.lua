@@ -2,6 +2,7 @@
 -- redriven record is unfinished again, so the reported position is never above it.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
+-- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
 -- ARGV[1] mode        'all' (a chunk of all dead letters) or 'list' (the offsets given)
 -- ARGV[2] cursor      HSCAN cursor for 'all' ('0' to start), ignored for 'list'
 -- ARGV[3..] offsets   for 'list': 1..10000 offsets (integers) of dead letters

@@ -391,7 +391,7 @@ def test_a_stream_role_cannot_mix_the_keys_of_two_streams(admin: felix_redis.Cli
     for _ in range(2):
         refused = r"FELIX_INVALID KEYS\[2\] is .*, not felix:\{acme/prod/jobs/0\}:log"
         with pytest.raises(redis.ResponseError, match=refused):
-            run_script(u, "publish", keys, ["", "", "0", "60000", "x"])
+            run_script(u, "publish", keys, ["", "", "0", "60000", "", "", "", "x"])
     assert dump_keyspace(raw) == before
 
 

@@ -426,7 +426,7 @@ def test_publish_and_trim_refuse_the_settings_of_another_stream(admin: felix_red
         assert K["conf"] in real.keys
         forged = real.forged(keys=[loose if k == K["conf"] else k for k in real.keys])
         if script == "publish":
-            forged = forged.forged(args=[*forged.args[:4], b"x" * 200_000])
+            forged = forged.forged(args=[*forged.args[:7], b"x" * 200_000])
         with pytest.raises(redis.ResponseError, match="FELIX_INVALID"):
             fcall(p.raw, forged)
     assert dump_keyspace(admin_raw) == before
@@ -575,7 +575,7 @@ def test_a_publisher_cannot_call_publish_as_another_producer(admin: felix_redis.
         digest = field.split(b":", 1)[1].decode()
         seq = int(state.split()[0])
         for pid in (digest, field.decode(), digest[:20], digest + digest, str(int(digest[:12], 16))):
-            forged = real.forged(args=[real.args[0], pid, str(seq + 1), real.args[3], b"EVIL"])
+            forged = real.forged(args=[real.args[0], pid, str(seq + 1), real.args[3], b"", b"", b"", b"EVIL"])
             with contextlib.suppress(redis.ResponseError):
                 fcall(b.raw, forged)
     _appended(admin_raw, victim(b"A2"), b"A2")
@@ -640,7 +640,7 @@ def test_a_raw_publish_with_an_oversize_key_is_refused(admin: felix_redis.Client
     before = dump_keyspace(admin_raw)
     for key in ("x" * 2000, "x" * 1025, "é" * 513):
         with pytest.raises(redis.ResponseError, match="FELIX_INVALID"):
-            fcall(p.raw, real.forged(args=[key, "", "0", real.args[3], b"long"]))
+            fcall(p.raw, real.forged(args=[key, "", "0", real.args[3], b"", b"", b"", b"long"]))
     assert dump_keyspace(admin_raw) == before
 
 

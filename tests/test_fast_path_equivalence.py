@@ -87,7 +87,9 @@ def test_repeated_calls_send_the_same_keys_and_errors_stay_the_same(
     assert [r.claim for r in first + again] == ["1:0:1", "1:1:1"]
     keys = client.group_keys(T, N, S, G, 1)[1]
     polls = [op for op in seen if op.script == "group_poll"]
+    # meta, log, the group's keys and the shard's due index (the groups set is not passed)
     assert [op.keys for op in polls] == [list(keys.values())[:2] + list(keys.values())[3:]] * 2
+    assert polls[0].keys[-1] == keys["due"]
     assert all(op.context == f"group {G} on stream {T}/{N}/{S} shard 1" for op in polls)
     # the cached path and the checked path give the same answers for the same input
     assert client.group_ack_many(T, N, S, 1, G, [first[0], again[0].offset]) == [True, True]

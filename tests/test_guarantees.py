@@ -157,7 +157,7 @@ def test_1_state_survives_a_redis_restart_and_unfinished_records_come_back() -> 
             # The idempotent producer's last sequence survived too: a re-send lands once,
             # and the same producer's next publish is a new record.
             reply = run_script(c, "publish", [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"],
-                                 ["", producer._state.producer_id, 1, 3_600_000, b"idem"])
+                                 ["", producer._state.producer_id, 1, 3_600_000, "", "", "", b"idem"])
             assert reply[:2] == [20, 1] and reply[3] == 1
             assert producer.publish(T, N, S, b"after", shard=0) == Published(0, 21)
             time.sleep(0.35)  # the leases granted before the restart lapse
@@ -594,7 +594,8 @@ def test_7_raw_resend_gap_and_older_sequence(client: Client, unchanged: Any) -> 
     keys = [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"]
 
     def send(seq: int, *payloads: bytes) -> list[Any]:
-        return run_script(client, "publish", keys, ["", producer._state.producer_id, seq, 3_600_000, *payloads])
+        return run_script(client, "publish", keys,
+                          ["", producer._state.producer_id, seq, 3_600_000, "", "", "", *payloads])
 
     def refused(seq: int, *payloads: bytes) -> felix_redis.FelixError | None:
         with pytest.raises(ResponseError) as info:
@@ -621,7 +622,8 @@ def test_7_sequence_error_is_mapped_by_the_client(client: Client) -> None:
     producer.publish(T, N, S, b"a", shard=0)
     keys = [f"{BASE0}:meta", f"{BASE0}:log", f"{BASE0}:conf"]
     with pytest.raises(felix_redis.SequenceError):
-        client._execute(Eval("publish", keys, ["", producer._state.producer_id, 5, 3_600_000, b"x"], "test"))
+        client._execute(Eval("publish", keys, ["", producer._state.producer_id, 5, 3_600_000, "", "", "", b"x"],
+                             "test"))
     assert client.stream_describe(T, N, S).tails == [1]
 
 

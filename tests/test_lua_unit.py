@@ -161,21 +161,26 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("group_redrive", GROUP, ["list", "0", "x"]),
     ("group_discard", GROUP, ["some", "0"]),
     ("group_discard", GROUP, ["list", "0"]),
-    ("publish", PUBLISH, ["", "", "0", "0", b"x"]),
-    ("publish", PUBLISH, ["", "", "0", "1000"]),
-    ("publish", PUBLISH, ["", SECRET, "0", "1000", b"x"]),  # a producer's sequence starts at 1
-    ("publish", PUBLISH, ["", "7x", "1", "1000", b"x"]),
-    ("publish", PUBLISH, ["", "7", "1", "1000", b"x"]),  # a producer id, not a secret
-    ("publish", PUBLISH, ["", SECRET[:31], "1", "1000", b"x"]),  # a secret too short
-    ("publish", PUBLISH, ["", SECRET * 2 + "0", "1", "1000", b"x"]),  # a secret too long
-    ("publish", PUBLISH, ["", SECRET.upper(), "1", "1000", b"x"]),  # not lower-case hex
-    ("publish", PUBLISH, ["", "", "x", "1000", b"x"]),
-    ("publish", PUBLISH, ["k" * 1025, "", "0", "1000", b"x"]),  # a record key over 1024 bytes
-    ("publish", PUBLISH, ["k" * 1025, SECRET, "1", "1000", b"x"]),
-    ("publish", SHARD, ["", "", "0", "1000", b"x"]),  # the conf key missing
-    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000", b"x"]),  # a third key not the shard's conf
-    ("publish", [*PUBLISH, PUBLISH[0]], ["", "", "0", "1000", b"x"]),  # a fourth key
-    ("publish", [PUBLISH[1], PUBLISH[0], PUBLISH[2]], ["", "", "0", "1000", b"x"]),  # keys out of order
+    ("publish", PUBLISH, ["", "", "0", "0", "", "", "", b"x"]),
+    ("publish", PUBLISH, ["", "", "0", "1000", "", "", ""]),
+    ("publish", PUBLISH, ["", SECRET, "0", "1000", "", "", "", b"x"]),  # a producer's sequence starts at 1
+    ("publish", PUBLISH, ["", "7x", "1", "1000", "", "", "", b"x"]),
+    ("publish", PUBLISH, ["", "7", "1", "1000", "", "", "", b"x"]),  # a producer id, not a secret
+    ("publish", PUBLISH, ["", SECRET[:31], "1", "1000", "", "", "", b"x"]),  # a secret too short
+    ("publish", PUBLISH, ["", SECRET * 2 + "0", "1", "1000", "", "", "", b"x"]),  # a secret too long
+    ("publish", PUBLISH, ["", SECRET.upper(), "1", "1000", "", "", "", b"x"]),  # not lower-case hex
+    ("publish", PUBLISH, ["", "", "x", "1000", "", "", "", b"x"]),
+    ("publish", PUBLISH, ["k" * 1025, "", "0", "1000", "", "", "", b"x"]),  # a record key over 1024 bytes
+    ("publish", PUBLISH, ["k" * 1025, SECRET, "1", "1000", "", "", "", b"x"]),
+    ("publish", SHARD, ["", "", "0", "1000", "", "", "", b"x"]),  # the conf key missing
+    ("publish", [*SHARD, SHARD[0]], ["", "", "0", "1000", "", "", "", b"x"]),  # a third key not the shard's conf
+    ("publish", [*PUBLISH, PUBLISH[0]], ["", "", "0", "1000", "", "", "", b"x"]),  # a fourth key
+    ("publish", [*PUBLISH, PUBLISH[0]], ["", "", "0", "1000", "+1000", "", "", b"x"]),  # not the due index
+    ("publish", PUBLISH, ["", "", "0", "1000", "+1000", "", "", b"x"]),  # a delay without the due index
+    ("publish", PUBLISH, ["", "", "0", "1000", "5000", "", "", b"x"]),  # a delivery time without + or @
+    ("publish", PUBLISH, ["", "", "0", "1000", "", "0", "", b"x"]),  # an expiry of 0 ms
+    ("publish", PUBLISH, ["", "", "0", "1000", "", "", "[1]", b"x"]),  # headers not an object
+    ("publish", [PUBLISH[1], PUBLISH[0], PUBLISH[2]], ["", "", "0", "1000", "", "", "", b"x"]),  # keys out of order
     ("stream_read", SHARD, ["-1", "1"]),
     ("stream_read", SHARD, ["0", "0"]),
     ("stream_create", NEW_STREAM, ["topic", *OK_CREATE[1:]]),
@@ -261,6 +266,6 @@ def test_stream_delete_deletes_the_conf_and_the_producer_states_with_the_shard(
 def test_publish_refuses_oversize_raw_payload(client: Client, unchanged: Callable[[], Any]) -> None:
     client.stream_create(T, N, S, max_payload=10)
     keys = PUBLISH
-    assert run(client, "publish", keys, ["", "", "0", "1000", b"x" * 10])[:2] == [0, 1]
+    assert run(client, "publish", keys, ["", "", "0", "1000", "", "", "", b"x" * 10])[:2] == [0, 1]
     with unchanged(), pytest.raises(felix_redis.InvalidArgument, match="at most 10"):
-        run(client, "publish", keys, ["", "", "0", "1000", b"ok", b"x" * 11])
+        run(client, "publish", keys, ["", "", "0", "1000", "", "", "", b"ok", b"x" * 11])

@@ -97,7 +97,7 @@ def test_settings_are_read_once_then_cached() -> None:
     again, ops = drive(core.group_op(T, N, S, 2, G), lambda op: pytest.fail("no call while the settings are fresh"))
     _name, cached, shard, keys, context = again
     assert cached is settings and shard == 2 and context.endswith("shard 2")
-    assert len(keys) == len(SHARD_ROLES) + len(GROUP_ROLES)
+    assert len(keys) == len(SHARD_ROLES) + len(GROUP_ROLES) + 1  # and the shard's due index
 
 
 def test_a_shard_the_stream_lacks_is_refused_before_any_call() -> None:
@@ -351,4 +351,5 @@ def test_a_publish_past_the_slack_trims_its_shard() -> None:
     assert smembers.args[0] == "SMEMBERS" and trim.script == "stream_trim" and trim.args == [1, "workers"]
     # the group's hash and redo set, by role
     group_keys = name.group_keys(0, "workers")
-    assert trim.keys[-2:] == [group_keys[GROUP_ROLES.index("group")], group_keys[GROUP_ROLES.index("redo")]]
+    assert trim.keys[-3:] == [group_keys[GROUP_ROLES.index("group")], group_keys[GROUP_ROLES.index("redo")],
+                              name.due_key(0)]

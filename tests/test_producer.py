@@ -77,7 +77,7 @@ def state_mac(secret: str, five: str) -> str:
 def run_publish_script(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes,
                        idle_ms: int = 3_600_000) -> list[Any]:
     keys = client.core.name(T, N, S).publish_keys(0)
-    return run_script(client, "publish", keys, [b"", secret, seq, idle_ms, *(payloads or [b"payload"])])
+    return run_script(client, "publish", keys, [b"", secret, seq, idle_ms, b"", b"", b"", *(payloads or [b"payload"])])
 
 
 def script_error(client: felix_redis.Client, secret: str, seq: int, *payloads: bytes) -> Exception | None:

@@ -132,7 +132,7 @@ class Fuzz:
         tag = f"{self.ops}:{pid}:{seq}".encode()
         payloads = [tag + b":%d" % i for i in range(count)]
         key = self.rng.choice([b"", b"k"])
-        args = [key, b"" if pid is None else pid, 0 if pid is None else seq, idle, *payloads]
+        args = [key, b"" if pid is None else pid, 0 if pid is None else seq, idle, b"", b"", b"", *payloads]
         self.ops += 1
         try:
             return run_script(self.client, "publish", [sh.meta, sh.log, sh.conf], args), payloads

@@ -36,6 +36,8 @@ local SHAPES, shapes = {}, 0
 
 -- The checked shape of a group operation's KEYS: {keys = KEYS[1..n], groups = the
 -- shard's groups set key, prefix, tag, group}; fails INVALID on any other key list.
+local LAST_SHAPE = false
+
 local function group_shape()
   local k3 = KEYS[3] or ''
   local shape = SHAPES[k3]
@@ -49,7 +51,7 @@ local function group_shape()
         if KEYS[i] ~= shape.groups and KEYS[i] ~= shape.due then shape = nil break end
       end
     end
-    if shape then return shape end
+    if shape then LAST_SHAPE = shape return shape end
   end
   local prefix, tag, base = shard_base()
   local group = s_sub(k3, #base + 3)
@@ -75,6 +77,7 @@ local function group_shape()
   shape = {keys = keys, groups = groups, due = due, prefix = prefix, tag = tag, group = group, caps = {}}
   if shapes >= 1024 then SHAPES, shapes = {}, 0 end
   SHAPES[k3], shapes = shape, shapes + 1
+  LAST_SHAPE = shape
   return shape
 end
 
@@ -118,7 +121,10 @@ end
 -- caller passed it among the keys after the group key block (group_shape checked its
 -- name), else false: where no key names it, a script does not touch it.
 local function passed_due_key()
-  local due = group_shape().due
+  -- the shape checked by this call's require_group_role (LAST_SHAPE: its keys are these)
+  local shape = LAST_SHAPE
+  if not shape or shape.keys[3] ~= KEYS[3] then shape = group_shape() end
+  local due = shape.due
   for i = #GROUP_ROLE_TYPES + 3, #KEYS do
     if KEYS[i] == due then return due end
   end

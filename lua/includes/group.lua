@@ -136,6 +136,7 @@ local function load_group(K)
   end
   -- the due index is read only where delayed records were ever published (dmax)
   if K.due and mt[3] then expect_type(K.due, 'zset') end
+  local dcur, sk = tonumber(g[9]) or 0, tonumber(g[11]) or 0
   return {
     tail = shard_tail(tail_s, K.log),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
@@ -146,7 +147,7 @@ local function load_group(K)
     -- none), this group's due cursor (due times up to it are handled), the offset the
     -- group started at, and how many delayed records it passed that are not yet due
     tlast = tonumber(mt[2]) or -1, dmax = tonumber(mt[3]) or 0,
-    dcur = tonumber(g[9]) or 0, base = tonumber(g[10]) or 0, sk = tonumber(g[11]) or 0,
+    dcur = dcur, base = tonumber(g[10]) or 0, sk = sk, loaded_dcur = dcur, loaded_sk = sk,
     -- the rate limit ('COUNT PER_MS', or false) and its window ('START TAKEN')
     rate = g[12] or false, rwin = g[13] or false,
     dirty = false, loaded = g,
@@ -161,9 +162,8 @@ local function save_group(K, S)
     if wseq ~= g[5] then args[#args + 1] = 'wseq'; args[#args + 1] = wseq end
     if cons ~= g[6] then args[#args + 1] = 'cons'; args[#args + 1] = cons end
     if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
-    local dcur, sk = fmt(S.dcur), fmt(S.sk)
-    if dcur ~= (g[9] or '0') then args[#args + 1] = 'dcur'; args[#args + 1] = dcur end
-    if sk ~= (g[11] or '0') then args[#args + 1] = 'sk'; args[#args + 1] = sk end
+    if S.dcur ~= S.loaded_dcur then args[#args + 1] = 'dcur'; args[#args + 1] = fmt(S.dcur) end
+    if S.sk ~= S.loaded_sk then args[#args + 1] = 'sk'; args[#args + 1] = fmt(S.sk) end
     if S.rwin and S.rwin ~= g[13] then args[#args + 1] = 'rwin'; args[#args + 1] = S.rwin end
     -- the top run (formatted only when it changed)
     local top_first, top_last = S.top_first, S.top_last

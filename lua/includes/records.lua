@@ -8,7 +8,9 @@
 -- Where the backend has no cjson (none of Redis 7 or Valkey lacks it) only the outer
 -- shape and size are checked.
 local function check_headers(json)
-  if #json > 65536 or s_sub(json, 1, 1) ~= '{' or s_sub(json, -1) ~= '}' then
+  -- 16384 bytes of names and values take at most 6 times that as JSON (\u00XX escapes),
+  -- and a few bytes of quotes, colons and commas per header
+  if #json > 6 * 16384 + 64 * 8 or s_sub(json, 1, 1) ~= '{' or s_sub(json, -1) ~= '}' then
     fail('INVALID', 'headers must be a JSON object of at most 16384 bytes of names and values')
   end
   if not cjson then return end
@@ -32,8 +34,15 @@ local function plain_fields(fields)
   return fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil))
 end
 
--- payload, key (false: none), headers, due, expiry (strings; false when absent) of a
--- log entry's fields.
+-- payload, key (false: none), headers, due, expiry (strings; false when absent or, for
+-- the times, not a plain decimal) of a log entry's fields.
+-- A due or expiry time a publish wrote is a plain decimal; any other value (an entry
+-- written by hand) counts as absent.
+local function time_field(v)
+  if v and #v <= 15 and s_match(v, '^%d+$') then return v end
+  return false
+end
+
 local function record_fields(fields)
   local payload, key, h, d, x = '', false, false, false, false
   for i = 1, #fields, 2 do
@@ -41,8 +50,8 @@ local function record_fields(fields)
     if f == 'p' then payload = fields[i + 1]
     elseif f == 'k' then key = fields[i + 1]
     elseif f == 'h' then h = fields[i + 1]
-    elseif f == 'd' then d = fields[i + 1]
-    elseif f == 'x' then x = fields[i + 1]
+    elseif f == 'd' then d = time_field(fields[i + 1])
+    elseif f == 'x' then x = time_field(fields[i + 1])
     end
   end
   return payload, key, h, d, x
@@ -58,7 +67,10 @@ end
 -- True when a log entry's fields carry an expiry at or before now (ms).
 local function expired_at(fields, now)
   for i = 1, #fields, 2 do
-    if fields[i] == 'x' then return tonumber(fields[i + 1]) <= now end
+    if fields[i] == 'x' then
+      local x = time_field(fields[i + 1])
+      return x ~= false and tonumber(x) <= now
+    end
   end
   return false
 end
