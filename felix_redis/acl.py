@@ -110,7 +110,10 @@ def rules(
     p = _glob(prefix)
     base = f"{p}:{{{_glob(f'{tenant}/{namespace}/{stream}')}/*}}"
     cap = capability_key(p, f"{_glob(f'{tenant}/{namespace}/{stream}')}/*", role, group)
-    shard_patterns = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf", f"{base}:due"]
+    # the schedules' keys too: a worker of any role ticks them, and the script's role check
+    # (stream.publish or stream.admin) is what refuses a consumer (docs/schedules.md)
+    shard_patterns = [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf", f"{base}:due",
+                      f"{base}:sched", f"{base}:schedules"]
     writes: list[tuple[tuple[str, ...], list[str]]]  # (commands, key patterns) per selector
     if role in GROUP_ROLE_CAPS:
         assert group is not None
@@ -124,9 +127,7 @@ def rules(
     elif role == "stream.publish":
         # trimming (after a publish, when the stream has retention) reads every group's
         # position; the producers' states live in meta; the settings (conf) are read only
-        # the recurring schedules (docs/schedules.md): set, delete and tick write them
-        schedule_patterns = [f"{base}:sched", f"{base}:schedules"]
-        read = [*shard_patterns, *schedule_patterns, f"{base}:g:*", cap]
+        read = [*shard_patterns, f"{base}:g:*", cap]
         # the due index: delayed publishes add to it, trimming prunes what every group passed
         writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"]),
                   (("zadd", "zremrangebyscore"), [f"{base}:due"]),

@@ -210,7 +210,7 @@ class Scheduler:
             log.error("tick of %s failed: %s", path, exc)
             return
         for p in published:
-            click.echo(visible(f"{path}\t{p.shard}:{p.offset}"))
+            click.echo(f"{visible(path)}\t{p.shard}:{p.offset}")
         if published:
             sys.stdout.flush()
 
