@@ -17,9 +17,11 @@ handed back (:class:`Schedule`, :class:`Ticked`), and the plans both drivers run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -446,11 +448,24 @@ def _quad(row: list[Any], now: int) -> list[Any] | None:
     return [name, version, due or 0, "inf" if nxt is None else nxt]
 
 
+def _maybe_trim(core: Core, sname: StreamName, shard: int) -> Plan[None]:
+    """After a tick published on a shard of a stream with retention: its trim, at most once
+    a second per shard by this client (best effort, as after a publish)."""
+    slot = (sname.path, shard)
+    now = time.monotonic()
+    if now - core.retention.last_trim.get(slot, 0.0) < 1.0:
+        return
+    core.retention.last_trim[slot] = now
+    with contextlib.suppress(FelixError):
+        yield from core.retention.trim_shard(sname, shard)
+
+
 def tick_plan(core: Core, tenant: str, namespace: str, stream: str) -> Plan[Ticked]:
     """Publishes every due time of the stream's schedules that is due now: per round one
     schedule_due call per shard, then one schedule_fire call per shard that has some due,
     each round a Batch (one round trip where the deployment allows). Safe to run any
-    number of times at once."""
+    number of times at once. On a stream with retention, a shard it published on is
+    trimmed too (at most once a second), as a publish would."""
     sname = core.cache.name(tenant, namespace, stream)
     settings = core.cache.fresh_settings(sname.path) or (yield from core.settings(sname))
     sname = core.cache.laid(sname, settings)
@@ -488,11 +503,17 @@ def tick_plan(core: Core, tenant: str, namespace: str, stream: str) -> Plan[Tick
         if fires:
             results = yield Batch([op for _, op, _ in fires])
             failed: FelixError | None = None
+            trims: list[int] = []
             for (shard, _, _), result in zip(fires, results, strict=True):
                 if isinstance(result, FelixError):
                     failed = failed or result
                     continue
-                published.extend(Published(shard, int(x)) for x in result if int(x) >= 0)
+                new = [Published(shard, int(x)) for x in result if int(x) >= 0]
+                published.extend(new)
+                if new and (settings.max_len or settings.max_age):
+                    trims.append(shard)
+            for shard in trims:
+                yield from _maybe_trim(core, sname, shard)
             if failed is not None:
                 raise failed
         pending = more

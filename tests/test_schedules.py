@@ -677,3 +677,13 @@ def test_script_headers_name_the_keys_the_plans_pass(client: felix_redis.Client)
         for op in seen[name]:
             roles = [k.rsplit(":", 1)[1] for k in op.keys]
             assert roles == documented, (name, roles, documented)
+
+
+def test_a_tick_trims_a_stream_with_retention(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, S, retention_max_len=1, kind="stream")
+    for i in range(20):
+        client.schedule_set(T, N, S, f"s{i}", b"x", every=1)
+    time.sleep(1.1)
+    assert len(client.schedule_tick(T, N, S)) == 20
+    info = client.stream_describe(T, N, S)
+    assert info.tails == [20] and info.firsts[0] >= 18
