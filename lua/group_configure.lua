@@ -27,12 +27,11 @@ if ARGV[3] == '1' then return {S.vt, S.max, S.rate} end
 if vt then S.vt = vt; redis.call('HSET', K.group, 'vt', fmt(vt)) end
 if max then S.max = max; redis.call('HSET', K.group, 'max', fmt(max)) end
 if rate == false then
-  redis.call('HDEL', K.group, 'rate', 'rwin')
+  redis.call('HDEL', K.group, 'rate')
   S.rate = false
 elseif rate ~= '' and rate ~= S.rate then
   -- a new limit starts with a new window
   redis.call('HSET', K.group, 'rate', rate)
-  redis.call('HDEL', K.group, 'rwin')
   S.rate = rate
 end
 return {S.vt, S.max, S.rate}

@@ -62,11 +62,14 @@ end
 if ARGV[6] == '1' then return 0 end
 local now = now_ms()
 local fields = {'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
-  'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now), 'base', fmt(pos)}
-if K.due then
-  -- due times up to now are the scan's: the group meets those records due
-  fields[#fields + 1] = 'dcur'
-  fields[#fields + 1] = fmt(now)
+  'next', fmt(pos), 'wseq', '0', 'cons', '0', 'trimmed', '0', 'created', fmt(now)}
+if K.due and redis.call('HEXISTS', K.meta, 'dmax') == 1 then
+  -- delayed records were published: due times up to now are the scan's (the group meets
+  -- those records due), and delayed records below where it starts are not its own. (A
+  -- group made before the first delayed record needs neither: its first poll after one
+  -- sets the due cursor before it scans.)
+  fields[#fields + 1] = 'dly'
+  fields[#fields + 1] = fmt(now) .. ' ' .. fmt(pos) .. ' 0'
   if pos > first then
     local last = redis.call('ZRANGE', K.due, '+inf', '(' .. fmt(now), 'BYSCORE', 'REV', 'LIMIT', '0', '1', 'WITHSCORES')
     if #last > 0 then

@@ -47,15 +47,11 @@ local dnow = math.max(now, S.dcur)
 -- The rate limit: what this window still allows caps max_records.
 local rate_left, rate_end = false, false
 if S.rate then
-  local c, per = s_match(S.rate, '^(%d+) (%d+)$')
-  if c then
-    local start, taken = s_match(S.rwin or '', '^(%d+) (%d+)$')
-    start, taken = tonumber(start) or 0, tonumber(taken) or 0
-    if now >= start + tonumber(per) or now < start then start, taken = now, 0 end
-    rate_left, rate_end = math.max(0, tonumber(c) - taken), start + tonumber(per)
-    S.rwin_start, S.rwin_taken = start, taken
-    if rate_left < max_records then max_records = rate_left end
-  end
+  local start, taken = S.rwin_start, S.rwin_taken
+  if now >= start + S.rate_per or now < start then start, taken = now, 0 end
+  rate_left, rate_end = math.max(0, S.rate_count - taken), start + S.rate_per
+  S.rwin_start, S.rwin_taken = start, taken
+  if rate_left < max_records then max_records = rate_left end
 end
 
 -- A record whose deliveries reached max_attempts becomes a dead letter (true) instead of
@@ -323,10 +319,12 @@ end
 
 if rate_left then
   -- the window's hand-outs (expired records are not handed out)
-  local taken = S.rwin_taken + n
-  S.rwin = fmt(S.rwin_start) .. ' ' .. fmt(taken)
+  if n > 0 then
+    S.rwin_taken = S.rwin_taken + n
+    S.rwin_changed = true
+    S.dirty = true
+  end
   rate_left = rate_left - n
-  S.dirty = true
 end
 if n > 0 then
   add_leases(K, lfirst, llast, expiry)

@@ -67,9 +67,9 @@ local pruned = 0
 if due then
   local bound = now_ms()
   for g = 0, count - 1 do
-    local d = redis.call('HMGET', KEYS[5 + 2 * g], 'dcur', 'name')
-    -- a group hash that does not exist holds nothing back
-    if d[2] then bound = math.min(bound, tonumber(d[1]) or 0) end
+    local d = redis.call('HMGET', KEYS[5 + 2 * g], 'dly', 'name')
+    -- a group hash that does not exist holds nothing back; 'DCUR BASE SK'
+    if d[2] then bound = math.min(bound, tonumber(s_match(d[1] or '', '^%d+')) or 0) end
   end
   if bound > 0 then pruned = redis.call('ZREMRANGEBYSCORE', due, '-inf', fmt(bound)) end
 end

@@ -4,6 +4,7 @@ matches the keys and arguments the Python side passes, and time comes from the s
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from lupa import lua51
 import felix_redis
 from felix_redis import scripts
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
-from felix_redis.protocol import Eval
+from felix_redis.protocol import Batch, Eval
 from felix_redis.scripts import ScriptError
 
 NAMES = scripts.script_names()
@@ -228,8 +229,9 @@ def evals() -> dict[str, list[Eval]]:
     original = client._execute
 
     def record(op: Any) -> Any:
-        if isinstance(op, Eval):
-            seen.setdefault(op.script, []).append(op)
+        for call in (op.ops if isinstance(op, Batch) else [op]):
+            if isinstance(call, Eval):
+                seen.setdefault(call.script, []).append(call)
         return original(op)
 
     client._execute = record  # type: ignore[method-assign]
@@ -251,6 +253,13 @@ def evals() -> dict[str, list[Eval]]:
     client.group_redrive(t, n, s, 0, g)
     client.group_discard(t, n, s, 0, g)
     client.group_describe(t, n, s, g)
+    client.schedule_set(t, n, s, "nightly", b"x", cron="0 3 * * *", timezone="Europe/Zurich")
+    client.schedule_set(t, n, s, "often", b"y", every=1)
+    client.schedule_list(t, n, s)
+    time.sleep(1.1)  # the first due time of "often" comes: the tick publishes it (schedule_fire)
+    assert client.schedule_tick(t, n, s)
+    client.schedule_delete(t, n, s, "often")
+    client.schedule_delete(t, n, s, "nightly")
     client.group_delete(t, n, s, g)
     client.group_create(t, n, s, "other")
     client.stream_trim(t, n, s)

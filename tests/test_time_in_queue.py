@@ -1178,3 +1178,49 @@ def test_three_thousand_delayed_records_with_plain_ones_are_each_delivered_once_
     info = client.group_describe(T, N, S, G)
     assert (info.unfinished, info.scheduled, info.pending, info.owed, info.in_flight, info.dead, info.lag) == (
         0, 0, 0, 0, 0, 0, 0)
+
+
+# ------------------------------------------------------------------ the due index
+
+
+def test_the_due_index_is_pruned_of_what_every_group_passed_and_deleted_with_the_stream(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """stream_trim removes the due index's entries every group has passed (their due
+    cursors), never one a group still has to hand out; stream_delete deletes the index."""
+    client = redis_client
+    setup(client)
+    client.group_create(T, N, S, "idle")
+    due_key = client.core.name(T, N, S).due_key(0)
+    published = client.publish_batch(T, N, S, [b"a", b"b"], delay=0.3)
+    assert raw.zcard(due_key) == 2
+    wait_server(raw, server_ms(raw) + 350)
+    got = poll(client)
+    assert sorted(r.payload for r in got) == [b"a", b"b"]
+    client.group_ack_many(T, N, S, 0, G, got)
+    # "idle" never polled: its due cursor holds the entries
+    client.stream_trim(T, N, S)
+    assert raw.zcard(due_key) == 2
+    assert sorted(r.offset for r in poll(client, "idle")) == [p.offset for p in published]
+    client.stream_trim(T, N, S)
+    assert raw.zcard(due_key) == 0
+    client.publish(T, N, S, b"later", delay=60)
+    assert raw.zcard(due_key) == 1
+    client.stream_trim(T, N, S)
+    assert raw.zcard(due_key) == 1  # not due: kept
+    client.stream_delete(T, N, S)
+    assert raw.exists(due_key) == 0
+
+
+def test_a_group_made_before_any_delayed_record_neither_skips_nor_repeats_them(client: felix_redis.Client) -> None:
+    """A group created before the first delayed publish keeps no due cursor: its first
+    poll after one sets it before scanning, so the record comes once, when due."""
+    setup(client)
+    client.publish(T, N, S, b"plain")
+    assert [r.payload for r in poll(client)] == [b"plain"]
+    client.publish(T, N, S, b"later", delay=0.3)
+    client.publish(T, N, S, b"now")
+    assert [r.payload for r in poll(client)] == [b"now"]
+    time.sleep(0.4)
+    assert [r.payload for r in poll(client)] == [b"later"]
+    assert poll(client) == []

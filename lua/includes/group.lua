@@ -7,9 +7,10 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created, and for
---                    delayed records dcur (due cursor, ms), base (first offset), sk
---                    (delayed records passed, not yet due); rate ('COUNT PER_MS') and
---                    rwin ('START TAKEN': the rate window) when rate limited
+--                    delayed records dly ('DCUR BASE SK': the due cursor (ms), the offset
+--                    the group started at, the delayed records passed over and not yet
+--                    due) and dpre; rate ('COUNT PER_MS START TAKEN': the limit and the
+--                    current window's start (ms) and hand-outs) when rate limited
 -- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
 --                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
@@ -125,7 +126,7 @@ local function load_group(K)
   local mt = typed_call('hash', 'HMGET', K.meta, 'tail', 'tlast', 'dmax')
   local tail_s = mt[1]
   local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top',
-    'dcur', 'base', 'sk', 'rate', 'rwin')
+    'dly', 'rate')
   if not tail_s and not g[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
   local top_first, top_last = false, false
@@ -136,7 +137,20 @@ local function load_group(K)
   end
   -- the due index is read only where delayed records were ever published (dmax)
   if K.due and mt[3] then expect_type(K.due, 'zset') end
-  local dcur, sk = tonumber(g[9]) or 0, tonumber(g[11]) or 0
+  -- delayed records: 'DCUR BASE SK'; the rate limit: 'COUNT PER_MS[ START TAKEN]'
+  local dcur, dbase, sk = 0, 0, 0
+  if g[9] then
+    local a, b, c = s_match(g[9], '^(%d+) (%d+) (%d+)$')
+    if a then dcur, dbase, sk = tonumber(a), tonumber(b), tonumber(c) end
+  end
+  local rate, rate_count, rate_per, rwin_start, rwin_taken = false, false, false, 0, 0
+  if g[10] then
+    local c, per, start, taken = s_match(g[10], '^(%d+) (%d+) ?(%d*) ?(%d*)$')
+    if c then
+      rate, rate_count, rate_per = c .. ' ' .. per, tonumber(c), tonumber(per)
+      rwin_start, rwin_taken = tonumber(start) or 0, tonumber(taken) or 0
+    end
+  end
   return {
     tail = shard_tail(tail_s, K.log),
     vt = tonumber(g[1]), max = tonumber(g[2]), pos = tonumber(g[3]), next = tonumber(g[4]),
@@ -147,9 +161,10 @@ local function load_group(K)
     -- none), this group's due cursor (due times up to it are handled), the offset the
     -- group started at, and how many delayed records it passed that are not yet due
     tlast = tonumber(mt[2]) or -1, dmax = tonumber(mt[3]) or 0,
-    dcur = dcur, base = tonumber(g[10]) or 0, sk = sk, loaded_dcur = dcur, loaded_sk = sk,
-    -- the rate limit ('COUNT PER_MS', or false) and its window ('START TAKEN')
-    rate = g[12] or false, rwin = g[13] or false,
+    dcur = dcur, base = dbase, sk = sk, loaded_dcur = dcur, loaded_sk = sk,
+    -- the rate limit ('COUNT PER_MS', or false), and its window's start (ms) and hand-outs
+    rate = rate, rate_count = rate_count, rate_per = rate_per, rwin_start = rwin_start, rwin_taken = rwin_taken,
+    rwin_changed = false,
     dirty = false, loaded = g,
   }
 end
@@ -162,9 +177,14 @@ local function save_group(K, S)
     if wseq ~= g[5] then args[#args + 1] = 'wseq'; args[#args + 1] = wseq end
     if cons ~= g[6] then args[#args + 1] = 'cons'; args[#args + 1] = cons end
     if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
-    if S.dcur ~= S.loaded_dcur then args[#args + 1] = 'dcur'; args[#args + 1] = fmt(S.dcur) end
-    if S.sk ~= S.loaded_sk then args[#args + 1] = 'sk'; args[#args + 1] = fmt(S.sk) end
-    if S.rwin and S.rwin ~= g[13] then args[#args + 1] = 'rwin'; args[#args + 1] = S.rwin end
+    if S.dcur ~= S.loaded_dcur or S.sk ~= S.loaded_sk then
+      args[#args + 1] = 'dly'
+      args[#args + 1] = fmt(S.dcur) .. ' ' .. fmt(S.base) .. ' ' .. fmt(S.sk)
+    end
+    if S.rwin_changed then
+      args[#args + 1] = 'rate'
+      args[#args + 1] = S.rate .. ' ' .. fmt(S.rwin_start) .. ' ' .. fmt(S.rwin_taken)
+    end
     -- the top run (formatted only when it changed)
     local top_first, top_last = S.top_first, S.top_last
     local top_changed = top_first ~= S.loaded_top_first or top_last ~= S.loaded_top_last
