@@ -17,7 +17,9 @@ stays dead (only the standalone AOF case restarts its server, that restart being
 fault); the URL still names the dead node (a Cluster URL lists it first). The
 operations start as soon as the fault is injected (during the failover), so the client
 has to ride it out; each must succeed, with its result checked, within
-:data:`BOUND_S` of the moment the deployment recovered (the promotion). ``felixctl``
+:data:`BOUND_S` of the moment the deployment recovered (the promotion, once every
+sentinel names the new primary with the failover over and the surviving replicas follow
+it; the sentinels must not fail over a second time). ``felixctl``
 commands are new processes with that same URL; each must succeed within
 :data:`BOUND_S` of its start.
 
@@ -41,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -54,7 +57,7 @@ import redis
 import felix_redis
 import felix_redis.asyncio as felix_async
 from felix_redis.testing.server import RedisServer, redis_server_binary
-from felix_redis.testing.topology import ClusterTopology, SentinelTopology
+from felix_redis.testing.topology import FAILOVER_TEST_SETTINGS, ClusterTopology, SentinelTopology
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None or shutil.which("redis-cli") is None,
@@ -67,10 +70,13 @@ T, N = "acme", "prod"
 S, G = "orders", "workers"
 #: An operation must succeed within this long of the deployment's recovery.
 BOUND_S = 10.0
-#: How long a failover may take (down-after / node-timeout 1 s in the launcher).
+#: How long a failover may take (down-after 2 s, node-timeout 1 s).
 FAILOVER_S = 30.0
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
 VISIBILITY_MS = 120_000  # claims made before the fault stay valid through it
+#: A directory: every run's server and sentinel logs are kept there (a failed run's are
+#: kept anyway, in a temporary directory the failure names).
+KEEP_LOGS_ENV = "FELIX_KEEP_LOGS"
 
 
 # ------------------------------------------------------------------------ deployments
@@ -100,6 +106,14 @@ class Deployment:
     def after(self) -> None:
         """Checks once the operations ran (e.g. the old primary is a replica now)."""
 
+    def copy_logs(self, directory: Path) -> list[Path]:
+        """Copies the servers' (and sentinels') logs into ``directory``, before stop."""
+        return []
+
+    def state(self) -> str:
+        """What a failure message adds about the deployment now (never raises)."""
+        return ""
+
     def stop(self) -> None:
         raise NotImplementedError
 
@@ -110,13 +124,20 @@ class SentinelDeployment(Deployment):
     def __init__(self, how: str) -> None:
         self.name = f"sentinel-{how}"
         self.how = how
-        self.topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC)
+        # down-after 2 s: at 1 s the sentinels sometimes fail over a second time right
+        # after the first (see FAILOVER_TEST_SETTINGS), which no client can ride out
+        # within the bound (the new primary has no replica for 10 s and more)
+        self.topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC,
+                                         settings=FAILOVER_TEST_SETTINGS)
         self.old: Any = None
         self.paused = False
 
     def start(self) -> None:
         self.topology.start()
         self.url = self.topology.url
+
+    def copy_logs(self, directory: Path) -> list[Path]:
+        return self.topology.copy_logs(directory)
 
     def settle(self) -> None:
         self.topology.wait_replicas_synced()
@@ -135,10 +156,12 @@ class SentinelDeployment(Deployment):
                 sentinel.execute_command("SENTINEL", "FAILOVER", self.topology.service_name)
 
     def recovered(self) -> float:
-        """The promotion, once the new primary has a replica online again (quorum writes
-        cannot be confirmed before)."""
+        """The promotion, once the failover is over: every sentinel names the new
+        primary with no failover in progress, and every replica that survived follows it
+        (online at the primary), so quorum writes can be confirmed. The old primary is not waited for (dead, paused, or
+        converted by the sentinels later)."""
         self.topology.wait_for_failover(timeout=FAILOVER_S)
-        _wait("a replica of the new primary", lambda: _replicas_online(self.topology.primary.port) >= 1, FAILOVER_S)
+        self.topology.wait_failover_settled(timeout=FAILOVER_S)
         at = time.monotonic()
         if self.how == "pause":
             self._resume()
@@ -149,7 +172,18 @@ class SentinelDeployment(Deployment):
             self.paused = False
             os.kill(self.old.process.pid, signal.SIGCONT)
 
+    def state(self) -> str:
+        try:
+            states = self.topology.sentinel_states()
+        except Exception as exc:  # the message it adds to must not be lost
+            return f"(sentinels not asked: {exc})"
+        seen = sorted({(s.get("port"), s.get("config-epoch"), s.get("flags")) for s in states})
+        return "(sentinels now: " + "; ".join(f"primary port {p}, config-epoch {e}, flags {f}"
+                                              for p, e, f in seen) + ")"
+
     def after(self) -> None:
+        # One failover, the fault's: a second one (config-epoch 2) is a fault of its own.
+        assert self.topology.failovers() == 1, f"[{self.name}] the sentinels failed over again: {self.state()}"
         if self.how == "kill":
             return
         # The old primary (resumed, or handed over) follows the new one, and the client
@@ -192,6 +226,9 @@ class ClusterDeployment(Deployment):
     def settle(self) -> None:
         self.topology.wait_replicas_synced()
 
+    def copy_logs(self, directory: Path) -> list[Path]:
+        return self.topology.copy_logs(directory)
+
     def inject(self) -> None:
         if self.how == "kill":
             self.topology.kill_node(self.victim)
@@ -225,6 +262,14 @@ class RestartDeployment(Deployment):
     def start(self) -> None:
         self.server.start()
         self.url = self.server.url
+
+    def copy_logs(self, directory: Path) -> list[Path]:
+        directory.mkdir(parents=True, exist_ok=True)
+        copy = directory / f"redis-{self.server.port}.log"
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.server.logfile, copy)
+            return [copy]
+        return []
 
     def inject(self) -> None:
         self.server.kill()
@@ -368,7 +413,7 @@ class Cells:
 
     def _failed(self, name: str, exc: Exception) -> AssertionError:
         return AssertionError(f"[{self.deployment.name}] {name} failed {time.monotonic() - self.fault_at:.1f}s "
-                              f"after the fault: {type(exc).__name__}: {exc}")
+                              f"after the fault: {type(exc).__name__}: {exc} {self.deployment.state()}".rstrip())
 
     def _settled(self, name: str, result: Any, check: Callable[[Any], None] | None, tolerated: int) -> Any:
         done = time.monotonic()
@@ -698,6 +743,10 @@ def test_every_operation_on_the_same_clients_survives(deployment: Deployment, re
     loop = asyncio.new_event_loop()
     a = loop.run_until_complete(felix_async.connect(deployment.url))
     workers: Workers | None = None
+    cells: Cells | None = None
+    fault_wall: float | None = None
+    recovered: list[float] = []
+    failed = True
     try:
         # -- before the fault: the stream, records, claims, dead letters, and the
         # objects users keep (producers, sharded groups, subscriptions, workers)
@@ -726,9 +775,9 @@ def test_every_operation_on_the_same_clients_survives(deployment: Deployment, re
 
         # -- the fault; the operations start at once and must ride it out
         fault_at = time.monotonic()
+        fault_wall = time.time()
         deployment.inject()
         cells = Cells(deployment, fault_at)
-        recovered: list[float] = []
         watcher = threading.Thread(target=lambda: recovered.append(deployment.recovered()), daemon=True)
         watcher.start()
         if isinstance(deployment, SentinelDeployment) and deployment.how == "pause":
@@ -767,13 +816,42 @@ def test_every_operation_on_the_same_clients_survives(deployment: Deployment, re
         record_property("first_publish_s", round(first, 3))
         record_property("library_done_s", round(max(lib), 3))
         record_property("summary", line)
+        failed = False
     finally:
+        if failed or os.environ.get(KEEP_LOGS_ENV):
+            _keep_logs(deployment, cells, fault_wall, recovered)
         if workers is not None:
             workers.stop()
         c.close()
         with contextlib.suppress(Exception):
             loop.run_until_complete(a.close())
         loop.close()
+
+
+def _keep_logs(deployment: Deployment, cells: Cells | None, fault_wall: float | None,
+               recovered: list[float]) -> None:
+    """Keeps the deployment's logs (a failed run's always, every run's with
+    ``$FELIX_KEEP_LOGS``) with a timeline naming the fault's wall-clock time, the
+    recovery and each operation's success, in ``$FELIX_KEEP_LOGS/<deployment>-<time>``
+    or a new temporary directory; prints where."""
+    stamp = time.strftime("%H%M%S") + f"-{os.getpid()}"
+    parent = os.environ.get(KEEP_LOGS_ENV)
+    if parent:
+        directory = Path(parent) / f"{deployment.name}-{stamp}"
+    else:
+        directory = Path(tempfile.mkdtemp(prefix=f"felix-failover-{deployment.name}-"))
+    with contextlib.suppress(Exception):
+        deployment.copy_logs(directory)
+        lines = []
+        if fault_wall is not None and cells is not None:
+            lines.append(f"fault {time.strftime('%H:%M:%S', time.localtime(fault_wall))}"
+                         f".{int(fault_wall * 1000) % 1000:03d} (monotonic {cells.fault_at:.3f})")
+            if recovered:
+                lines.append(f"recovered +{recovered[0] - cells.fault_at:.3f}s")
+            lines += [f"{name} ok +{took:.3f}s" + (f" ({n} tolerated)" if n else "")
+                      for name, took, n in cells.outcomes]
+        (directory / "timeline.txt").write_text("\n".join(lines) + "\n")
+        print(f"\n[{deployment.name}] logs kept in {directory}")
 
 
 def _poll_items(group: Any, n: int) -> list[Any]:

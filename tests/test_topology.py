@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,8 @@ from felix_redis.testing.server import RedisServer, free_port, redis_server_bina
 from felix_redis.testing.topology import (
     CLUSTER_BUS_PORT_OFFSET,
     CLUSTER_SLOTS,
+    FAILOVER_TEST_SETTINGS,
+    SENTINEL_PING_PERIOD_MS,
     SETTINGS,
     ClusterTopology,
     SentinelTopology,
@@ -104,12 +108,27 @@ def test_sentinel_failover_promotes_the_replica(sentinel_topology: SentinelTopol
     assert direct.info("replication")["role"] == "master"
 
 
-def test_sentinel_topology_stops_every_process() -> None:
+def test_failover_test_settings_leave_a_margin_over_sentinels_ping_period() -> None:
+    """A sentinel's first PING to a primary it just switched to may leave a whole ping
+    period after the switch; down-after must outlast that by a clear margin, or the new
+    primary is marked down and failed over again (FAILOVER_TEST_SETTINGS' docstring)."""
+    assert FAILOVER_TEST_SETTINGS.down_after_ms >= SENTINEL_PING_PERIOD_MS + 1000
+    # nothing else differs from the settings compose shares
+    assert replace(SETTINGS, down_after_ms=FAILOVER_TEST_SETTINGS.down_after_ms) == FAILOVER_TEST_SETTINGS
+
+
+def test_sentinel_topology_stops_every_process(tmp_path: Path) -> None:
     t = SentinelTopology()
     try:
         t.start()
         ports = [s.port for s in t.servers] + [p for _, p in t.sentinel_addresses]
         assert all(_answers(p) for p in ports)
+        # the logs can be kept before stop() removes them
+        copies = t.copy_logs(tmp_path / "logs")
+        names = sorted(c.name for c in copies)
+        assert names == sorted([f"redis-{s.port}.log" for s in t.servers]
+                               + [f"sentinel-{p}.log" for _, p in t.sentinel_addresses])
+        assert "+monitor master mymaster" in (tmp_path / "logs" / f"sentinel-{t.sentinel_ports[0]}.log").read_text()
     finally:
         t.stop()
     assert not any(_answers(p) for p in ports)
@@ -330,7 +349,9 @@ def test_felix_client_survives_a_sentinel_failover() -> None:
     dead primary left dead. With 2 replicas the sentinels promote one and point the
     other at it, so a quorum stream (replication 2) is written again without anyone
     restarting anything."""
-    with SentinelTopology(replicas=2) as t:
+    with SentinelTopology(replicas=2, settings=FAILOVER_TEST_SETTINGS) as t:
+        assert {s["down-after-milliseconds"] for s in t.sentinel_states()} == {
+            str(FAILOVER_TEST_SETTINGS.down_after_ms)}
         client: Any = _connect(t.url)
         try:
             client.stream_create(T, N, "orders", replication=2, consistency="quorum")
@@ -342,12 +363,21 @@ def test_felix_client_survives_a_sentinel_failover() -> None:
 
             old = t.kill_primary()
             t.wait_for_failover(timeout=FAILOVER_BOUND_S)
-            # the other replica follows the new primary (the sentinels reconfigure it)
+            assert t.previous_primary is old
+            (other,) = [r for r in t.replicas if r is not old]
+            # the other replica follows the new primary (the sentinels reconfigure it),
+            # and every sentinel names it with the failover over
+            t.wait_failover_settled(timeout=FAILOVER_BOUND_S)
+            assert {(s["port"], s["flags"]) for s in t.sentinel_states()} == {(str(t.primary.port), "master")}
+            info = redis.Redis(port=t.primary.port).info("replication")
+            online = [v["port"] for k, v in info.items() if k.startswith("slave") and v["state"] == "online"]
+            assert online == [other.port]
             t.wait_replicas_synced(timeout=REJOIN_BOUND_S)
             records = client.group_poll(T, N, "orders", 0, "workers", max_records=10)
             assert [r.payload for r in records] == [f"job-{i}".encode() for i in range(1, 5)]
             assert client.publish(T, N, "orders", b"job-5").offset == 5
             assert not _answers(old.port), "the dead primary came back"
+            assert t.failovers() == 1, "the sentinels failed over a second time"
         finally:
             client.close()
 

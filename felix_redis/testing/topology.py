@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
@@ -61,6 +61,8 @@ from felix_redis.testing.certs import Certs, make_topology_certs
 from felix_redis.testing.server import RedisServer, free_port
 
 __all__ = [
+    "FAILOVER_TEST_SETTINGS",
+    "SENTINEL_PING_PERIOD_MS",
     "SETTINGS",
     "ClusterTopology",
     "SentinelServer",
@@ -109,6 +111,33 @@ class TopologySettings:
 
 
 SETTINGS = TopologySettings()
+
+#: Sentinel's own ping period: it PINGs every instance, and tries to reconnect a lost
+#: link, at most this often (``SENTINEL_PING_PERIOD`` in sentinel.c; only
+#: ``SENTINEL DEBUG ping-period`` changes it).
+SENTINEL_PING_PERIOD_MS = 1000
+
+FAILOVER_TEST_SETTINGS = replace(SETTINGS, down_after_ms=2000)
+""":data:`SETTINGS` with ``down-after-milliseconds`` 2000, for sentinel topologies that
+must fail over exactly once (a killed or paused primary, two or more replicas).
+
+At 1000 ms a failover is sometimes followed by a second one. On ``+switch-master`` a
+sentinel resets the primary's state and starts the ``down-after`` clock, but it keeps
+the link's last reconnect time, and it reconnects (and sends its first PING to the new
+primary) at most once per :data:`SENTINEL_PING_PERIOD_MS`. If its last attempt on the
+dead primary came just before the switch, that first PING leaves a full second later,
+in the very tick the clock runs out: ``+sdown`` of the new primary about 1.0 s after
+``+switch-master`` (its PONG follows tens of ms later). The other sentinels' "down"
+answers about the old primary still count for 5 s, so the same tick reaches
+``+odown``; the reset also cleared the failover delay, so a new failover starts
+(``+new-epoch 2``), and it promotes the other replica. That one has no replica left
+(the first promoted server stays a primary until the sentinels convert it, 10 s or
+more later), so quorum writes fail with NotReplicated and leader writes taken by the
+first one are lost. About one failover in ten hit it on an idle 2-core machine.
+
+2000 ms leaves a second of margin over the ping period (Redis' own sentinel tests use
+2000 too); a dead primary is detected 1 s later. :data:`SETTINGS` keeps 1000 ms: it is
+what ``compose.yaml`` and the docs use (``tests/test_compose.py`` checks both)."""
 
 T = TypeVar("T")
 
@@ -532,6 +561,23 @@ class _Topology:
     ) -> None:
         self.stop()
 
+    def _logged(self) -> list[tuple[str, RedisServer]]:
+        return [("redis", server) for server in self._started]
+
+    def copy_logs(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Copy every started process's logfile into ``directory`` (made if missing) as
+        ``redis-<port>.log`` / ``sentinel-<port>.log``, before :meth:`stop` removes them;
+        returns the copies. A log that cannot be read is left out."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        copies = []
+        for role, server in self._logged():
+            copy = target / f"{role}-{server.port}.log"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(server.logfile, copy)
+                copies.append(copy)
+        return copies
+
 
 class SentinelTopology(_Topology):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels on loopback.
@@ -635,6 +681,8 @@ class SentinelTopology(_Topology):
             self._data_server(port, data_ports[0]) for port in data_ports[1:]
         ]
         self.sentinels: list[SentinelServer] = []
+        #: the primary before the last failover :meth:`wait_for_failover` saw
+        self.previous_primary: RedisServer | None = None
 
     def _data_server(self, port: int, primary_port: int | None) -> RedisServer:
         extra: list[str] = []
@@ -717,6 +765,10 @@ class SentinelTopology(_Topology):
             self.sentinels.append(sentinel)
             self._launch(sentinel)
         self.wait_sentinels_ready()
+
+    def _logged(self) -> list[tuple[str, RedisServer]]:
+        return [("sentinel" if server in self.sentinels else "redis", server)
+                for server in self._started]
 
     def sentinel_directives(self) -> list[str]:
         """The ``sentinel ...`` lines each sentinel starts with (passwords aside)."""
@@ -819,7 +871,65 @@ class SentinelTopology(_Topology):
         new = next(r for r in self.replicas if r.port == address[1])
         self.replicas = [old, *[r for r in self.replicas if r is not new]]
         self.primary = new
+        self.previous_primary = old
         return address
+
+    def sentinel_states(self) -> list[dict[str, str]]:
+        """``SENTINEL MASTER <service>`` of every sentinel, raw strings (flags, ip, port,
+        config-epoch, ...); an unreachable sentinel raises."""
+        states = []
+        for sentinel in self.sentinels:
+            with _client(sentinel.port, **self.sentinel_options()) as conn:
+                state = conn.sentinel_master(self.service_name)
+            states.append({str(key): str(value) for key, value in state.items()})
+        return states
+
+    def failovers(self) -> int:
+        """How many failovers the sentinels have made since :meth:`start`: the highest
+        ``config-epoch`` any sentinel reports (each failover takes a new one)."""
+        return max(int(state.get("config-epoch", "0")) for state in self.sentinel_states())
+
+    def wait_failover_settled(
+        self, followers: Sequence[int] | None = None, timeout: float = 30.0
+    ) -> None:
+        """Wait until the failover :meth:`wait_for_failover` saw is over everywhere:
+
+        * every sentinel names :attr:`primary`, at the same ``config-epoch``, with its
+          flags plain ``master``: no ``disconnected`` (it reached the new primary), no
+          ``s_down``/``o_down``, and no ``failover_in_progress`` (the leader ends the
+          failover, ``+failover-end``, once it saw the replicas reconfigured,
+          ``+slave-reconf-done``);
+        * the primary has each follower ``online``, so a quorum write can be confirmed.
+
+        ``followers``: replica ports that must follow the primary; by default every
+        running replica but the previous primary (which the sentinels convert only
+        when they see it again, a paused one once resumed).
+        """
+        if followers is None:
+            followers = [
+                r.port for r in self.replicas if r is not self.previous_primary and _alive(r)
+            ]
+        want = sorted(followers)
+        port = self.primary.port
+
+        def settled() -> bool:
+            states = self.sentinel_states()
+            if any(int(s.get("port", "0")) != port or s.get("flags") != "master" for s in states):
+                return False
+            if len({s.get("config-epoch") for s in states}) != 1:
+                return False
+            info = self._info(port, "replication")
+            online = set()
+            for key, value in info.items():
+                if key.startswith("slave") and key[5:].isdigit():
+                    fields = dict(part.split("=", 1) for part in value.split(","))
+                    if fields.get("state") == "online":
+                        online.add(int(fields["port"]))
+            return info.get("role") == "master" and set(want) <= online
+
+        _wait_until(
+            f"the failover to 127.0.0.1:{port} to settle (replicas {want})", settled, timeout, 0.1
+        )
 
 
 class ClusterTopology(_Topology):

@@ -876,12 +876,15 @@ def run_trial(
     to every data server's command line (``--min-replicas-to-write 1``). With
     ``keep_logs`` (a directory), every server's and sentinel's log is copied there
     before the topology is stopped."""
-    from felix_redis.testing.topology import SentinelTopology
+    from felix_redis.testing.topology import FAILOVER_TEST_SETTINGS, SentinelTopology
 
     if fault not in ("kill", "pause"):
         raise ValueError(f"unknown fault {fault!r}")
     started = time.monotonic()
-    topology = SentinelTopology(replicas=2, sentinels=3, extra=[*FAST_SYNC, *server_args])
+    # down-after 2 s: at 1 s the sentinels sometimes fail over a second time right after
+    # the first (see FAILOVER_TEST_SETTINGS); that second fault is not the trial's
+    topology = SentinelTopology(replicas=2, sentinels=3, extra=[*FAST_SYNC, *server_args],
+                                settings=FAILOVER_TEST_SETTINGS)
     recorder: Recorder | None = None
     stopped_pid: int | None = None
     notes: list[str] = []
@@ -937,6 +940,13 @@ def run_trial(
             notes.append(f"after 60 s: recovery {recorder.recovery(fault_at)}, "
                          f"{recorder.published_ok(since=fault_over)} publishes since the fault ended")
         recovery = recorder.recovery(fault_at)
+        try:  # the fault's failover, and no other (a second one is a fault of its own)
+            failovers = topology.failovers()
+        except Exception as exc:  # reported as a note; the trial goes on
+            notes.append(f"the sentinels could not be asked how often they failed over: {exc}")
+        else:
+            if failovers != 1:
+                notes.append(f"the sentinels failed over {failovers} times (config-epoch), not once")
 
         recorder.drain_mode()
         with felix_redis.connect(url) as fresh:  # the final read's own client, made after the fault
