@@ -195,7 +195,9 @@ class AsyncWorker(WorkerBase):
 
     async def _scheduler_task(self) -> None:
         off: set[str] = set()
-        while not self._stopping.is_set():
+        me = asyncio.current_task()
+        # until stopped, or shut down (a cancelled run() does not set _stopping)
+        while not self._stopping.is_set() and self._scheduler is me:
             await drive_async(self._schedule_plan(off))
 
     async def _schedule_idle(self, seconds: float) -> None:
@@ -220,9 +222,9 @@ class AsyncWorker(WorkerBase):
         with contextlib.suppress(asyncio.CancelledError):
             await heartbeat
         if self._scheduler is not None:  # a tick cut short publishes each due time once all the same
-            self._scheduler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scheduler
+            scheduler, self._scheduler = self._scheduler, None
+            scheduler.cancel()
+            await asyncio.wait([scheduler], timeout=1.0)
         self._stopping.clear()  # run() may be called again
         self._restore_signal_handlers()
         self._log_stopped("async worker")
