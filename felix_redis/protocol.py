@@ -73,6 +73,7 @@ from felix_redis.plans import (
 from felix_redis.producers import ProducerPool, ProducerState, after_failed_send, new_producer_secret
 from felix_redis.replies import as_text, flat_dict, parse_delivered, parse_records, stream_tails
 from felix_redis.retention import Retention
+from felix_redis.schedules import schedule_keys
 from felix_redis.sharded import ShardedPoll
 
 __all__ = [
@@ -437,7 +438,7 @@ class Core:
                 keys = name.info_keys(shard)
                 for group in groups:
                     keys += name.group_keys(shard, group)
-                keys.append(name.due_key(shard))
+                keys += [name.due_key(shard), *schedule_keys(name, shard)]
                 try:
                     existed = yield Eval(
                         "stream_delete", keys, [len(groups), *groups],

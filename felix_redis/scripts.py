@@ -58,7 +58,7 @@ _EPILOGUE = _REPLY + "return reply_of(pcall(main))\n"
 
 #: Scripts that never write: as functions they carry the ``no-writes`` flag, so they run
 #: where a write would be refused (maxmemory reached), as they do through EVALSHA.
-READ_ONLY = frozenset({"stream_read", "stream_info", "group_describe", "group_dead_letters"})
+READ_ONLY = frozenset({"stream_read", "stream_info", "group_describe", "group_dead_letters", "schedule_due"})
 
 
 class ScriptError(Exception):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -19,34 +18,22 @@ import click
 
 from felix_redis import FelixError, NotFound, PermissionDenied
 from felix_redis.schedules import Schedule
-from felixctl.common import Ctl, emit_json, examples, output_option, pass_ctl, stream_argument, table, visible
+from felixctl.common import (
+    Ctl,
+    emit_json,
+    examples,
+    output_option,
+    parse_duration,
+    parse_headers,
+    pass_ctl,
+    stream_argument,
+    table,
+    visible,
+)
 
 __all__ = ["schedule", "scheduler"]
 
 log = logging.getLogger("felixctl.scheduler")
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_EVERY = re.compile(r"(\d+(?:\.\d+)?)(s|m|h|d)?")
-
-
-def parse_every(text: str) -> float:
-    """'30' or '30s', '5m', '2h', '1d' as seconds."""
-    match = _EVERY.fullmatch(text.strip())
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a period such as 30, 30s, 5m, 2h or 1d", param_hint="--every")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
-
-
-def parse_header_options(pairs: Sequence[str]) -> dict[str, str] | None:
-    """--header name=value options as a dict (None for none)."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{pair!r} is not name=value", param_hint="--header")
-        out[name] = value
-    return out or None
-
 
 def _stdin_payload() -> bytes:
     """All of stdin, with one trailing newline dropped (as pub reads '-')."""
@@ -118,10 +105,10 @@ def set_(ctl: Ctl, stream: str, name: str, payload: str, cron: str | None, every
     Give exactly one of --cron and --every."""
     if (cron is None) == (every is None):
         raise click.UsageError("give exactly one of --cron and --every")
-    period = parse_every(every) if every is not None else None
+    period = parse_duration(every, "--every") if every is not None else None
     data = _stdin_payload() if payload == "-" else os.fsencode(payload)
     ctl.client.schedule_set(*ctl.where(stream), name, data, cron=cron, every=period, timezone=timezone,
-                            key=key, headers=parse_header_options(headers))
+                            key=key, headers=parse_headers(headers))
     found = [s for s in ctl.client.schedule_list(*ctl.where(stream)) if s.name == name]
     nxt = _time(found[0].next_at) if found else None
     click.echo(visible(f"schedule {name} set on {ctl.path(stream)}; next at {nxt or 'never'}"))

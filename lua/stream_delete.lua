@@ -8,7 +8,9 @@
 -- KEYS[4] conf      hash: the shard's settings
 -- KEYS[5..] group keys, 11 per group in felix_redis.keys.GROUP_ROLES order, exactly the
 --                   keys of the groups ARGV names
--- KEYS[last] due    zset (optional, after the group keys): the shard's due index
+-- KEYS[last] due    zset (optional, after the group keys): the shard's due index, then
+--                   (optional) sched (zset) and schedules (hash), the shard's recurring
+--                   schedules (docs/schedules.md); all deleted with the shard
 -- ARGV[1] count     integer, number of groups passed
 -- ARGV[2..] names   the group names, in the order of their keys
 --
@@ -21,7 +23,7 @@
 -- group keys included, holds another type: nothing is deleted).
 --- @include "shard_groups"
 require_stream_role('stream.admin')
-local count = shard_groups(11, true)
+local count = shard_groups(11, {'due', 'sched', 'schedules'})
 for g = 0, count - 1 do
   for i, rt in ipairs(GROUP_ROLE_TYPES) do expect_type(KEYS[4 + 11 * g + i], rt[2]) end
 end

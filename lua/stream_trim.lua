@@ -25,7 +25,8 @@
 -- match, or a key is not the one the shard and the group names imply), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
 --- @include "shard_groups"
 require_stream_role('stream.publish', 'stream.admin')
-local count, due = shard_groups(2, true)
+local count, extra = shard_groups(2, {'due'})
+local due = extra.due
 for g = 0, count - 1 do
   expect_type(KEYS[5 + 2 * g], 'hash')
   expect_type(KEYS[6 + 2 * g], 'zset')

@@ -687,3 +687,16 @@ def test_a_tick_trims_a_stream_with_retention(client: felix_redis.Client) -> Non
     assert len(client.schedule_tick(T, N, S)) == 20
     info = client.stream_describe(T, N, S)
     assert info.tails == [20] and info.firsts[0] >= 18
+
+
+def test_stream_delete_deletes_the_schedules(redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    """A stream deleted and made again under the same name has no schedules of the old
+    one: stream_delete deletes each shard's sched and schedules keys."""
+    redis_client.stream_create(T, N, S, shards=2)
+    redis_client.schedule_set(T, N, S, "a", b"x", every=60)
+    redis_client.schedule_set(T, N, S, "b", b"y", every=60, key="k")
+    assert raw.keys("*:sched*")
+    redis_client.stream_delete(T, N, S)
+    assert raw.keys("*:sched*") == []
+    redis_client.stream_create(T, N, S, shards=2)
+    assert redis_client.schedule_list(T, N, S) == []

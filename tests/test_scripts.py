@@ -281,8 +281,8 @@ def test_header_keys_match_the_keys_python_passes(name: str, evals: dict[str, li
             # KEYS[5..]: one key per group role per group, in GROUP_ROLES order, then the
             # shard's due index, and nothing else (no producer keys)
             assert roles[:4] == documented == ["meta", "log", "groups", "conf"]
-            assert roles[-1] == "due" and "KEYS[last] due" in header(name)
-            groups = roles[4:-1]
+            assert roles[-3:] == ["due", "sched", "schedules"] and "KEYS[last] due" in header(name)
+            groups = roles[4:-3]
             assert "producer" not in groups
             per = len(GROUP_ROLES)
             assert len(groups) % per == 0

@@ -5,20 +5,34 @@
 --- @include "acl"
 
 -- Checks the group count ARGV[1], that the keys are exactly the shard's and, per group
--- name, its first `per` keys (require_group_keys), then (with due_ok, optional) the
--- shard's due index, and the shard keys' types; returns the group count and the due
--- index key (false: not passed). The caller checks the group keys' types.
-local function shard_groups(per, due_ok)
+-- name, its first `per` keys (require_group_keys), then optionally the shard keys
+-- `extras` names (due, sched, schedules: a prefix of that list, in its order), and the
+-- shard keys' types; returns the group count and {role = key} of the extras passed. The
+-- caller checks the group keys' types.
+local SHARD_EXTRA_TYPES = {due = 'zset', sched = 'zset', schedules = 'hash'}
+
+local function shard_groups(per, extras)
   local count = int_arg(ARGV[1], 'group count', 0, 100000)
   if #ARGV ~= count + 1 then fail('INVALID', 'group names do not match the count') end
   local base = require_shard_keys(SHARD_KEYS_INFO, true).base
-  local due = false
-  if due_ok and #KEYS == 5 + per * count and KEYS[#KEYS] == base .. 'due' then due = KEYS[#KEYS] end
-  require_group_keys(5, per, {unpack(ARGV, 2)}, due and 1 or 0)
+  -- the optional shard keys after the group keys, in the order `extras` names them
+  local from, passed = 5 + per * count, {}
+  local n = #KEYS - from + 1
+  if extras and n >= 1 and n <= #extras then
+    for i = 1, n do
+      if KEYS[from + i - 1] ~= base .. extras[i] then n = 0 break end
+    end
+    if n > 0 then
+      for i = 1, n do passed[extras[i]] = KEYS[from + i - 1] end
+    end
+  else
+    n = 0
+  end
+  require_group_keys(5, per, {unpack(ARGV, 2)}, n)
   expect_type(KEYS[1], 'hash')
   expect_type(KEYS[2], 'stream')
   expect_type(KEYS[3], 'set')
   expect_type(KEYS[4], 'hash')
-  if due then expect_type(due, 'zset') end
-  return count, due
+  for role, key in pairs(passed) do expect_type(key, SHARD_EXTRA_TYPES[role]) end
+  return count, passed
 end
