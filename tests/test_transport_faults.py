@@ -129,10 +129,13 @@ def argv(args: list[bytes]) -> list[bytes]:
     return args[3 + int(args[2]):]
 
 
-def writes(args: list[bytes]) -> bool:
-    """The writing call (check flag '0', the last argument) of a validate-then-write
-    operation (group_create, group_configure, group_delete)."""
-    return argv(args)[-1] == b"0"
+def writes_at(index: int) -> Callable[[list[bytes]], bool]:
+    """The writing call (check flag '0', ARGV[index + 1]) of a validate-then-write
+    operation: group_create's ARGV[6], group_configure's ARGV[3], group_delete's last."""
+    return lambda args: argv(args)[index] == b"0"
+
+
+writes = writes_at(-1)
 
 
 # ----------------------------------------------------------------------- the cases
@@ -287,10 +290,11 @@ CASES = [
          lambda env, p: p.publish_batch(T, N, S, [b"X", b"Y"]), effect=published(b"X")),
     # -- groups
     Case("group_create", "group_create", False, lambda env: env.d.stream_create(T, N, S),
-         lambda env, ctx: env.c.group_create(T, N, S, G), effect=group_exists, where=writes),
+         lambda env, ctx: env.c.group_create(T, N, S, G), effect=group_exists, where=writes_at(5)),
     Case("group_configure", "group_configure", True, base,
          lambda env, ctx: env.c.group_configure(T, N, S, G, visibility_timeout_ms=45_000, max_attempts=3),
-         effect=lambda env, ctx: int(env.raw.hmget(GROUP0, "vt", "max") == [b"45000", b"3"]), where=writes),
+         effect=lambda env, ctx: int(env.raw.hmget(GROUP0, "vt", "max") == [b"45000", b"3"]),
+         where=writes_at(2)),
     Case("group_list", "stream_info", True, base, lambda env, ctx: env.c.group_list(T, N, S),
          result=lambda env, ctx, got: got == [G] or pytest.fail(str(got))),
     Case("group_delete", "group_delete", False, base,
