@@ -212,31 +212,88 @@ end
 -- 3. Due redeliveries (and delayed first deliveries), by due time.
 local first_owed = {}
 if K.types.owed ~= 'none' or slow then first_owed = redis.call('ZRANGE', K.owed, '0', '0', 'WITHSCORES') end
-local due = {}
 if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
   slow = true
-  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'LIMIT', '0', fmt(max_records))
-end
-for _, m in ipairs(due) do
-  local off = tonumber(m)
-  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0
-  if not buried(off, a, '') then
-    local e = redis.call('XRANGE', K.log, m, m, 'COUNT', '1')
-    if #e == 0 then
-      -- trimmed by retention while owed: counted, never silently skipped
-      finish(K, S, off)
-      S.trimmed = S.trimmed + 1
-      S.dirty = true
-    elseif S.tlast >= off and not plain_fields(e[1][2]) and expired_at(e[1][2], now) then
-      dead_letter(K, S, off, a, 'expired', now)
-    else
-      redis.call('ZREM', K.owed, m)
-      local attempts = a + 1
-      lease(m, attempts)
-      put(e, 1, 1, attempts)
-      lfirst[#lfirst + 1] = m
-      llast[#llast + 1] = m
+  local got = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records))
+  -- by due time, then offset (records due at the same time come in member order, which
+  -- is not numeric): neighbours in the log then lie next to each other, and a run of them
+  -- is read with one XRANGE and takes one lease
+  local offs, same = {}, true
+  for i = 1, #got, 2 do
+    offs[#offs + 1] = tonumber(got[i])
+    if got[i + 1] ~= got[2] then same = false end
+  end
+  if same then
+    table.sort(offs)
+  else
+    local score = {}
+    for i = 1, #got, 2 do score[tonumber(got[i])] = tonumber(got[i + 1]) end
+    table.sort(offs, function(x, y)
+      if score[x] ~= score[y] then return score[x] < score[y] end
+      return x < y
+    end)
+  end
+  local ms = {}
+  for i, off in ipairs(offs) do ms[i] = fmt(off) end
+  -- (the lapses above may have written attempts in this call: always read them)
+  local tries = call_many('HMGET', K.attempts, ms)
+  -- the records to hand out: offsets, members and attempts so far, in parallel
+  local toff, tm, ta = {}, {}, {}
+  for i, off in ipairs(offs) do
+    local a = tonumber(tries[i]) or 0
+    if not buried(off, a, '') then
+      toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, ms[i], a
     end
+  end
+  call_many('ZREM', K.owed, tm)
+  -- one XRANGE per run of consecutive offsets; a run found whole in the log (the usual
+  -- case) with the same attempts goes into the reply at once and takes one lease
+  local i, count = 1, #toff
+  while i <= count do
+    local j = i
+    while j < count and toff[j + 1] == toff[j] + 1 and ta[j + 1] == ta[i] do j = j + 1 end
+    local es = redis.call('XRANGE', K.log, tm[i], tm[j], 'COUNT', fmt(j - i + 1))
+    local whole = #es == j - i + 1 and s_find(es[#es][1], tm[j] .. '-', 1, true) == 1
+      and s_find(es[1][1], tm[i] .. '-', 1, true) == 1
+    if whole and (S.tlast < toff[i]) then
+      local attempts = ta[i] + 1
+      for k = i, j do lease(tm[k], attempts) end
+      put(es, 1, #es, attempts)
+      lfirst[#lfirst + 1] = tm[i]
+      llast[#llast + 1] = tm[j]
+    else
+      local entry = {}
+      for _, e in ipairs(es) do
+        local off = tonumber(s_match(e[1], '^%d+'))
+        if off and not entry[off] then entry[off] = e end
+      end
+      local prev = false
+      for k = i, j do
+        local off, m, a = toff[k], tm[k], ta[k]
+        local e = entry[off]
+        if not e then
+          -- trimmed by retention while owed: counted, never silently skipped
+          finish(K, S, off)
+          S.trimmed = S.trimmed + 1
+          S.dirty = true
+          prev = false
+        elseif S.tlast >= off and not plain_fields(e[2]) and expired_at(e[2], now) then
+          dead_letter(K, S, off, a, 'expired', now)
+          prev = false
+        else
+          lease(m, a + 1)
+          put({e}, 1, 1, a + 1)
+          if prev and off == prev + 1 then
+            llast[#llast] = m  -- the lease of the record before it grows by one
+          else
+            lfirst[#lfirst + 1] = m
+            llast[#llast + 1] = m
+          end
+          prev = off
+        end
+      end
+    end
+    i = j + 1
   end
 end
 
