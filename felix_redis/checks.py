@@ -47,18 +47,21 @@ def check_int(value: object, what: str, lo: int, hi: int) -> int:
     return value
 
 
-def seconds_to_ms(value: object, what: str, lo_ms: int, hi_ms: int) -> int:
+def seconds_to_ms(value: object, what: str, lo_ms: int, hi_ms: int, *, up: bool = False,
+                  hi_text: str | None = None) -> int:
+    """Seconds as whole ms in lo_ms..hi_ms (rounded, or with ``up`` rounded up: a delay
+    never ends early); ``hi_text`` names the upper bound in the error."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
     if not math.isfinite(value):
         raise InvalidArgument(f"{what} must be a finite number of seconds, got {value}")
     if value < 0:
         raise InvalidArgument(f"{what} must not be negative, got {value}")
-    ms = round(value * 1000) if value <= hi_ms else hi_ms + 1
+    ms = (math.ceil(value * 1000) if up else round(value * 1000)) if value <= hi_ms else hi_ms + 1
     if not lo_ms <= ms <= hi_ms:
-        raise InvalidArgument(
-            f"{what} must be between {lo_ms / 1000:g} and {hi_ms / 1000:g} seconds, got {value}"
-        )
+        bounds = (f"{lo_ms / 1000:g} seconds and {hi_text}" if hi_text
+                  else f"{lo_ms / 1000:g} and {hi_ms / 1000:g} seconds")
+        raise InvalidArgument(f"{what} must be between {bounds}, got {value}")
     return ms
 
 
@@ -151,16 +154,7 @@ class Extras:
 
 def _ahead_ms(value: object, what: str, lo_ms: int) -> int:
     """Seconds ahead (a delay or an expiry) as whole ms, rounded up (never early)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise InvalidArgument(f"{what} must be a finite number of seconds, got {value}")
-    if value < 0:
-        raise InvalidArgument(f"{what} must not be negative, got {value}")
-    ms = math.ceil(value * 1000) if value <= MAX_TIME_AHEAD_MS else MAX_TIME_AHEAD_MS + 1
-    if not lo_ms <= ms <= MAX_TIME_AHEAD_MS:
-        raise InvalidArgument(f"{what} must be between {lo_ms / 1000:g} seconds and 366 days, got {value}")
-    return ms
+    return seconds_to_ms(value, what, lo_ms, MAX_TIME_AHEAD_MS, up=True, hi_text="366 days")
 
 
 def check_headers(headers: object) -> bytes:
