@@ -74,6 +74,8 @@ def test_sentinel_failover_quorum_stream(record_property: Any) -> None:
     (the workload's and this one) is the one made before the fault, on the same URL; the
     workload finishes and nothing acknowledged is lost."""
     # No 5 s diskless-sync delay: the remaining replica resyncs with the new primary at once.
+    # The launcher's settings (down-after 2 s, not 1 s): the sentinels fail over once, not
+    # a second time right after the first (felix_redis.testing.topology.SETTINGS).
     topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC)
     workload: Workload | None = None
     started = time.monotonic()
@@ -104,6 +106,7 @@ def test_sentinel_failover_quorum_stream(record_property: Any) -> None:
                 total_s=f"{time.monotonic() - started:.1f}")
         assert report.published >= before + 300
         assert victim.process is None or victim.process.poll() is not None, "the dead primary came back"
+        assert topology.failovers() == 1, "the sentinels failed over a second time"
         client.close()
     finally:
         if workload is not None:

@@ -57,7 +57,7 @@ import redis
 import felix_redis
 import felix_redis.asyncio as felix_async
 from felix_redis.testing.server import RedisServer, redis_server_binary
-from felix_redis.testing.topology import FAILOVER_TEST_SETTINGS, ClusterTopology, SentinelTopology
+from felix_redis.testing.topology import ClusterTopology, SentinelTopology
 
 pytestmark = pytest.mark.skipif(
     redis_server_binary() is None or shutil.which("redis-cli") is None,
@@ -124,11 +124,10 @@ class SentinelDeployment(Deployment):
     def __init__(self, how: str) -> None:
         self.name = f"sentinel-{how}"
         self.how = how
-        # down-after 2 s: at 1 s the sentinels sometimes fail over a second time right
-        # after the first (see FAILOVER_TEST_SETTINGS), which no client can ride out
-        # within the bound (the new primary has no replica for 10 s and more)
-        self.topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC,
-                                         settings=FAILOVER_TEST_SETTINGS)
+        # the launcher's down-after 2 s: at 1 s the sentinels sometimes fail over a second
+        # time right after the first (see SETTINGS), which no client can ride out within
+        # the bound (the new primary has no replica for 10 s and more)
+        self.topology = SentinelTopology(replicas=2, sentinels=3, extra=FAST_SYNC)
         self.old: Any = None
         self.paused = False
 

@@ -49,7 +49,7 @@ PW = "adm1n/p@ss:word"
 SENTINEL_PW = "sen-pw-3"
 #: The ACL user's password.
 USER_PW = "app-pw-2"
-#: A failover with down-after 1 s / node-timeout 1 s finishes well inside this.
+#: A failover with down-after 2 s / node-timeout 1 s finishes well inside this.
 FAILOVER_BOUND_S = 20.0
 #: What a client may take, after the promotion, to publish, poll and ack again.
 AFTER_PROMOTION_S = 10.0

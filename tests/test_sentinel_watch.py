@@ -34,6 +34,8 @@ def test_announcements_are_read_for_their_service_only() -> None:
 def topology() -> Iterator[SentinelTopology]:
     if redis_server_binary() is None:
         pytest.skip("redis-server is not installed")
+    # the launcher's settings (down-after 2 s): one failover, not a second one right
+    # after it (felix_redis.testing.topology.SETTINGS)
     with SentinelTopology(replicas=2, sentinels=3, extra=("--repl-diskless-sync-delay", "0")) as t:
         yield t
 

@@ -876,15 +876,14 @@ def run_trial(
     to every data server's command line (``--min-replicas-to-write 1``). With
     ``keep_logs`` (a directory), every server's and sentinel's log is copied there
     before the topology is stopped."""
-    from felix_redis.testing.topology import FAILOVER_TEST_SETTINGS, SentinelTopology
+    from felix_redis.testing.topology import SentinelTopology
 
     if fault not in ("kill", "pause"):
         raise ValueError(f"unknown fault {fault!r}")
     started = time.monotonic()
-    # down-after 2 s: at 1 s the sentinels sometimes fail over a second time right after
-    # the first (see FAILOVER_TEST_SETTINGS); that second fault is not the trial's
-    topology = SentinelTopology(replicas=2, sentinels=3, extra=[*FAST_SYNC, *server_args],
-                                settings=FAILOVER_TEST_SETTINGS)
+    # the launcher's down-after 2 s: at 1 s the sentinels sometimes fail over a second
+    # time right after the first (see SETTINGS); that second fault is not the trial's
+    topology = SentinelTopology(replicas=2, sentinels=3, extra=[*FAST_SYNC, *server_args])
     recorder: Recorder | None = None
     stopped_pid: int | None = None
     notes: list[str] = []
