@@ -94,7 +94,9 @@ end
 -- time taken (or takes every record of that due time when the batch holds no other), and
 -- the scan below passes over what is due after the cursor, so no record is both handed out
 -- by the scan and owed here later.
-local DUE_BATCH = 10000
+-- (about what this call can hand out: the rest stays in the index, not in owed, where
+-- a burst of due records would make every later step of the drain dearer)
+local DUE_BATCH = math.max(max_records, 1) + 64
 if K.due and S.dmax > S.dcur then
   local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(dnow), 'WITHSCORES', 'LIMIT', '0',
     fmt(DUE_BATCH))
@@ -238,11 +240,13 @@ if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
   -- (the lapses above may have written attempts in this call: always read them)
   local tries = call_many('HMGET', K.attempts, ms)
   -- the records to hand out: offsets, members and attempts so far, in parallel
+  -- (ta: the attempts this delivery makes)
   local toff, tm, ta = {}, {}, {}
   for i, off in ipairs(offs) do
     local a = tonumber(tries[i]) or 0
     if not buried(off, a, '') then
-      toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, ms[i], a
+      local attempts = a + 1
+      toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, ms[i], attempts
     end
   end
   call_many('ZREM', K.owed, tm)
@@ -256,9 +260,8 @@ if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
     local whole = #es == j - i + 1 and s_find(es[#es][1], tm[j] .. '-', 1, true) == 1
       and s_find(es[1][1], tm[i] .. '-', 1, true) == 1
     if whole and (S.tlast < toff[i]) then
-      local attempts = ta[i] + 1
-      for k = i, j do lease(tm[k], attempts) end
-      put(es, 1, #es, attempts)
+      for k = i, j do lease(tm[k], ta[i]) end
+      put(es, 1, #es, ta[i])
       lfirst[#lfirst + 1] = tm[i]
       llast[#llast + 1] = tm[j]
     else
@@ -269,7 +272,7 @@ if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
       end
       local prev = false
       for k = i, j do
-        local off, m, a = toff[k], tm[k], ta[k]
+        local off, m = toff[k], tm[k]
         local e = entry[off]
         if not e then
           -- trimmed by retention while owed: counted, never silently skipped
@@ -278,11 +281,11 @@ if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
           S.dirty = true
           prev = false
         elseif S.tlast >= off and not plain_fields(e[2]) and expired_at(e[2], now) then
-          dead_letter(K, S, off, a, 'expired', now)
+          dead_letter(K, S, off, ta[k] - 1, 'expired', now)
           prev = false
         else
-          lease(m, a + 1)
-          put({e}, 1, 1, a + 1)
+          lease(m, ta[k])
+          put({e}, 1, 1, ta[k])
           if prev and off == prev + 1 then
             llast[#llast] = m  -- the lease of the record before it grows by one
           else

@@ -133,8 +133,8 @@ MUTATIONS: list[Mutation] = [
              f"{G} -k 'test_4 and redis'",
              "a nack at max_attempts makes the record owed instead of a dead letter"),
     mutation("M13", "4", "lua/group_poll.lua",
-             "  local a = tonumber(redis.call('HGET', K.attempts, m)) or 0\n",
-             "  local a = tonumber(redis.call('HGET', K.attempts, m)) or 1\n",
+             "    local a = tonumber(tries[i]) or 0\n",
+             "    local a = tonumber(tries[i]) or 1\n",
              f"{G} -k 'test_4 and redis'",
              "a redriven record's attempts do not start over (its first redelivery says 2)"),
     # ---- 5. order of hand-out
@@ -143,8 +143,8 @@ MUTATIONS: list[Mutation] = [
              f"{G} -k 'test_5 and redis'",
              "a poll hands out max_records new records on top of the redeliveries"),
     mutation("M15", "5", "lua/group_poll.lua",
-             "  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s,",
-             "  due = redis.call('ZRANGEBYSCORE', K.owed, '-inf', '+inf',",
+             "  local got = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s,",
+             "  local got = redis.call('ZRANGEBYSCORE', K.owed, '-inf', '+inf',",
              f"{G} -k 'test_5 and redis'", "once one owed record is due, records nacked with a delay come too"),
     # ---- 6. position never passes an unfinished record
     mutation("M16", "6", "lua/includes/runs.lua",
