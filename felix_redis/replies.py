@@ -42,8 +42,13 @@ def _ms(raw: Any) -> int | None:
 
 def _extended(shard: int, off: int, attempts: int, payload: bytes, slot: list[Any], ms: int) -> Record:
     """A record whose reply carries {key, headers, due ms, expiry ms} in the key's place."""
-    key, h, d, x = (list(slot) + [None] * 4)[:4]
-    return Record(shard, off, attempts, payload, key_text(key), ms, decode_headers(h), _ms(d), _ms(x))
+    if len(slot) == 4:
+        key, h, d, x = slot
+    else:
+        key, h, d, x = (list(slot) + [None] * 4)[:4]
+    return Record(shard, off, attempts, payload, None if key is None else key_text(key), ms,
+                  None if h is None else decode_headers(h), None if d is None else _ms(d),
+                  None if x is None else _ms(x))
 
 
 def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:

@@ -45,7 +45,7 @@ end
 local owed = redis.call('ZCARD', K.owed) + lapsed
 -- delayed records: not yet due (scheduled), and passed over but due (pending)
 local scheduled, passed_due, adjust = 0, 0, 0
-if K.due and S.dmax > math.min(now, S.dcur) then
+if K.due and (S.dmax > math.min(now, S.dcur) or S.doff) then
   if S.dmax > now then
     scheduled = redis.call('ZCOUNT', K.due, '(' .. fmt(now), '+inf')
     -- delayed records below where the group started are not its own
@@ -57,11 +57,16 @@ if K.due and S.dmax > math.min(now, S.dcur) then
       end
     end
   end
-  if S.dmax > S.dcur and now > S.dcur then
-    local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(now))
-    for _, m in ipairs(got) do
-      local off = tonumber(m)
-      if off >= S.base and off < S.next then passed_due = passed_due + 1 end
+  if (S.dmax > S.dcur and now > S.dcur) or S.doff then
+    -- (inside a due time split between polls, its records above the last handed out too)
+    local from = '(' .. fmt(S.dcur)
+    if S.doff then from = fmt(S.dcur) end
+    local got = redis.call('ZRANGEBYSCORE', K.due, from, fmt(math.max(now, S.dcur)), 'WITHSCORES')
+    for i = 1, #got, 2 do
+      local off = tonumber(got[i])
+      if off and off >= S.base and off < S.next and (tonumber(got[i + 1]) > S.dcur or off > S.doff) then
+        passed_due = passed_due + 1
+      end
     end
   end
   local passed_future = math.max(0, S.sk - passed_due)

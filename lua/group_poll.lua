@@ -19,7 +19,7 @@
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
 -- Delayed records (a due time later than now) are passed over and handed out once due
--- (as first deliveries, by due time, with the redeliveries); an expired record is
+-- (as first deliveries, by due time, after the due redeliveries); an expired record is
 -- dead-lettered with reason 'expired' instead of being handed out. A rate limit (group
 -- field rate) caps the hand-outs per window.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
@@ -85,45 +85,6 @@ if reclaim and consumer ~= '' and S.cons then
   end
   -- what this poll does not take back, another long-poller may
   if reclaimed then wake(K, S) end
-end
-
--- 1b. Delayed records this group passed over whose due time came (due cursor .. now]:
--- owed from their due time, as first deliveries (no attempts entry). Records at or above
--- next are not passed yet: the scan below meets them, due by then.
--- At most DUE_BATCH a call: when more came due, the cursor stops before the last due
--- time taken (or takes every record of that due time when the batch holds no other), and
--- the scan below passes over what is due after the cursor, so no record is both handed out
--- by the scan and owed here later.
--- (about what this call can hand out: the rest stays in the index, not in owed, where
--- a burst of due records would make every later step of the drain dearer)
-local DUE_BATCH = math.max(max_records, 1) + 64
-if K.due and S.dmax > S.dcur then
-  local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(S.dcur), fmt(dnow), 'WITHSCORES', 'LIMIT', '0',
-    fmt(DUE_BATCH))
-  if #got == 2 * DUE_BATCH then
-    local last = got[#got]
-    if got[2] == last then
-      got = redis.call('ZRANGEBYSCORE', K.due, last, last, 'WITHSCORES')
-    else
-      while got[#got] == last do got[#got] = nil; got[#got] = nil end
-    end
-    dnow = tonumber(got[#got])
-  end
-  local adds = {}
-  for i = 1, #got, 2 do
-    local off = tonumber(got[i])
-    if off and off >= S.base and off < S.next then
-      adds[#adds + 1] = got[i + 1]
-      adds[#adds + 1] = got[i]
-    end
-  end
-  if #adds > 0 then
-    call_many('ZADD', K.owed, adds)
-    K.types.owed = 'zset'
-    S.sk = math.max(0, S.sk - #adds / 2)
-  end
-  S.dcur = dnow
-  S.dirty = true
 end
 
 -- 2. Lapsed leases: failed deliveries, owed from their expiry (bounded per call).
@@ -197,6 +158,9 @@ local function put(es, i, j, attempts)
     local payload, key
     if fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil)) then
       payload, key = fields[2], fields[4] or false
+    elseif fields[1] == 'p' and fields[3] == 'd' and fields[5] == nil then
+      -- a delayed record without key, headers nor expiry (as publish writes it)
+      payload, key = fields[2], {false, false, time_field(fields[4]), false}
     else
       local h, d, x
       payload, key, h, d, x = record_fields(fields)
@@ -211,55 +175,51 @@ local function put(es, i, j, attempts)
   o, n = at, n + j - i + 1
 end
 
--- 3. Due redeliveries (and delayed first deliveries), by due time.
-local first_owed = {}
-if K.types.owed ~= 'none' or slow then first_owed = redis.call('ZRANGE', K.owed, '0', '0', 'WITHSCORES') end
-if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
-  slow = true
-  local got = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records))
-  -- by due time, then offset (records due at the same time come in member order, which
-  -- is not numeric): neighbours in the log then lie next to each other, and a run of them
-  -- is read with one XRANGE and takes one lease
-  local offs, same = {}, true
-  for i = 1, #got, 2 do
-    offs[#offs + 1] = tonumber(got[i])
-    if got[i + 1] ~= got[2] then same = false end
-  end
-  if same then
-    table.sort(offs)
-  else
-    local score = {}
-    for i = 1, #got, 2 do score[tonumber(got[i])] = tonumber(got[i + 1]) end
-    table.sort(offs, function(x, y)
-      if score[x] ~= score[y] then return score[x] < score[y] end
-      return x < y
-    end)
-  end
-  local ms = {}
-  for i, off in ipairs(offs) do ms[i] = fmt(off) end
-  -- (the lapses above may have written attempts in this call: always read them)
-  local tries = call_many('HMGET', K.attempts, ms)
-  -- the records to hand out: offsets, members and attempts so far, in parallel
-  -- (ta: the attempts this delivery makes)
-  local toff, tm, ta = {}, {}, {}
-  for i, off in ipairs(offs) do
-    local a = tonumber(tries[i]) or 0
-    if not buried(off, a, '') then
-      local attempts = a + 1
-      toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, ms[i], attempts
+-- True when every entry of es[i..j] is handed out as it is: a plain record, or one due
+-- by due_by (before it when strict) that has not expired.
+local function all_out(es, i, j, due_by, strict)
+  for k = i, j do
+    local f = es[k][2]
+    if not (f[1] == 'p' and (f[3] == nil or (f[3] == 'k' and f[5] == nil))) then
+      local d, x
+      if f[1] == 'p' and f[3] == 'd' and f[5] == nil then
+        d, x = time_field(f[4]), false
+      else
+        d, x = select(4, record_fields(f))
+      end
+      if d and (tonumber(d) > due_by or (strict and tonumber(d) == due_by)) then return false end
+      if x and tonumber(x) <= now then return false end
     end
   end
-  call_many('ZREM', K.owed, tm)
-  -- one XRANGE per run of consecutive offsets; a run found whole in the log (the usual
-  -- case) with the same attempts goes into the reply at once and takes one lease
+  return true
+end
+
+-- Hands out the records at offsets toff (members tm, ta: the attempts this delivery
+-- makes; known: log entries already read, by offset), in that order: one XRANGE per run
+-- of consecutive offsets not read yet; a run found whole in the log (the usual case)
+-- with the same attempts goes into the reply at once and takes one lease. A record retention trimmed is finished (counted), an expired one
+-- dead-lettered.
+local function deliver(toff, tm, ta, known)
   local i, count = 1, #toff
   while i <= count do
     local j = i
     while j < count and toff[j + 1] == toff[j] + 1 and ta[j + 1] == ta[i] do j = j + 1 end
-    local es = redis.call('XRANGE', K.log, tm[i], tm[j], 'COUNT', fmt(j - i + 1))
+    local es
+    if known and known[toff[i]] and known[toff[j]] then
+      es = {}
+      for k = i, j do es[#es + 1] = known[toff[k]] end
+    else
+      es = redis.call('XRANGE', K.log, tm[i], tm[j], 'COUNT', fmt(j - i + 1))
+    end
     local whole = #es == j - i + 1 and s_find(es[#es][1], tm[j] .. '-', 1, true) == 1
       and s_find(es[1][1], tm[i] .. '-', 1, true) == 1
-    if whole and (S.tlast < toff[i]) then
+    if whole and S.tlast >= toff[i] then
+      -- timed records: whole only when none of them expired
+      for _, e in ipairs(es) do
+        if not plain_fields(e[2]) and expired_at(e[2], now) then whole = false break end
+      end
+    end
+    if whole then
       for k = i, j do lease(tm[k], ta[i]) end
       put(es, 1, #es, ta[i])
       lfirst[#lfirst + 1] = tm[i]
@@ -300,24 +260,216 @@ if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
   end
 end
 
+-- 3. Due redeliveries, by due time.
+local first_owed = {}
+if K.types.owed ~= 'none' or slow then first_owed = redis.call('ZRANGE', K.owed, '0', '0', 'WITHSCORES') end
+if max_records > 0 and #first_owed > 0 and tonumber(first_owed[2]) <= now then
+  slow = true
+  local got = redis.call('ZRANGEBYSCORE', K.owed, '-inf', now_s, 'WITHSCORES', 'LIMIT', '0', fmt(max_records))
+  -- by due time, then offset (records due at the same time come in member order, which
+  -- is not numeric): neighbours in the log then lie next to each other, and a run of them
+  -- is read with one XRANGE and takes one lease
+  local offs, same = {}, true
+  for i = 1, #got, 2 do
+    offs[#offs + 1] = tonumber(got[i])
+    if got[i + 1] ~= got[2] then same = false end
+  end
+  if same then
+    table.sort(offs)
+  else
+    local score = {}
+    for i = 1, #got, 2 do score[tonumber(got[i])] = tonumber(got[i + 1]) end
+    table.sort(offs, function(x, y)
+      if score[x] ~= score[y] then return score[x] < score[y] end
+      return x < y
+    end)
+  end
+  local ms = {}
+  for i, off in ipairs(offs) do ms[i] = fmt(off) end
+  -- (the lapses above may have written attempts in this call: always read them)
+  local tries = call_many('HMGET', K.attempts, ms)
+  -- the records to hand out: offsets, members and attempts so far, in parallel
+  -- (ta: the attempts this delivery makes)
+  local toff, tm, ta = {}, {}, {}
+  for i, off in ipairs(offs) do
+    local a = tonumber(tries[i]) or 0
+    if not buried(off, a, '') then
+      local attempts = a + 1
+      toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, ms[i], attempts
+    end
+  end
+  call_many('ZREM', K.owed, tm)
+  deliver(toff, tm, ta)
+end
+
+-- 3b. Delayed records this group passed over whose due time came: handed out here as
+-- first deliveries (attempts 1), after the due redeliveries and before new records, in
+-- the order of the shard's due index: by due time, then offset. The due cursor says how
+-- far the group got: every entry due before S.dcur is handled (handed out, left to the
+-- scan when at or above next, or not the group's when below base), and so are those due
+-- at S.dcur, except, when a due time shared by many records was split between polls
+-- (S.doff), the ones above offset S.doff (S.dtaken of them are handled). A split due
+-- time goes on by offset (the records of a batch follow each other); the rest of one
+-- whose records do not is owed from its due time. Records at or above next are not
+-- passed yet: the scan below meets them, due by then.
+local want = max_records - n
+if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
+  local toff, tm, ta, known = {}, {}, {}, {}
+  local room = want
+  -- Takes the offsets offs (ascending) of one due time: those in [base, next) are handed
+  -- out while room lasts. Returns how many of offs are handled (a prefix) and whether
+  -- that is all of them.
+  local function take(offs)
+    local k, cnt = 0, #offs
+    while k < cnt do
+      local off = offs[k + 1]
+      if off >= S.next then return cnt, true end
+      if off >= S.base then
+        if room == 0 then return k, false end
+        toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, fmt(off), 1
+        room = room - 1
+      end
+      k = k + 1
+    end
+    return cnt, true
+  end
+  local cur = S.dcur
+  if S.doff then
+    -- the rest of a split due time: its next offsets, while they follow each other in
+    -- the log with that due time (read once: the records handed out are these entries)
+    local cur_s = fmt(cur)
+    local total = redis.call('ZCOUNT', K.due, cur_s, cur_s)
+    local p = math.min(total - S.dtaken, want)
+    local es, r = {}, 0
+    if p > 0 then
+      es = redis.call('XRANGE', K.log, fmt(S.doff + 1), '+', 'COUNT', fmt(p))
+      for i, e in ipairs(es) do
+        -- (publish writes d right after p, or after p and k)
+        local f = e[2]
+        local d = (f[3] == 'd' and f[4]) or (f[5] == 'd' and f[6]) or select(4, record_fields(f))
+        if d ~= cur_s then break end
+        r = i
+      end
+      -- one entry per offset from doff + 1 on (the first and the last where they must
+      -- be), else the part that is
+      if r > 0 and not (s_find(es[1][1], fmt(S.doff + 1) .. '-', 1, true) == 1
+          and s_find(es[r][1], fmt(S.doff + r) .. '-', 1, true) == 1) then
+        local k = 0
+        while k < r and s_find(es[k + 1][1], fmt(S.doff + k + 1) .. '-', 1, true) == 1 do k = k + 1 end
+        r = k
+      end
+    end
+    -- the run doff + 1 .. doff + r: those in [base, next) are handed out while room lasts
+    local a, last = S.doff + 1, S.doff + r
+    local beyond = last >= S.next
+    if beyond then last = S.next - 1 end
+    local from = math.max(a, S.base)
+    local give = math.max(0, last - from + 1)
+    local cut = give > room
+    if cut then give = room; last = from + give - 1 end
+    if give > 0 then
+      local i0 = from - S.doff
+      if all_out(es, i0, i0 + give - 1, cur, false) then
+        -- the usual case: into the reply at once, one lease
+        if consumer ~= '' then
+          for o = from, from + give - 1 do lease(fmt(o), 1) end
+        end
+        put(es, i0, i0 + give - 1, 1)
+        lfirst[#lfirst + 1] = fmt(from)
+        llast[#llast + 1] = fmt(from + give - 1)
+        S.sk = math.max(0, S.sk - give)
+      else
+        for o = from, from + give - 1 do
+          toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = o, fmt(o), 1
+          known[o] = es[o - S.doff]
+        end
+      end
+      room = room - give
+    end
+    local handled = math.max(0, last - a + 1)
+    S.doff, S.dtaken = S.doff + handled, S.dtaken + handled
+    if cut then
+      -- room is spent inside the due time: the cursor stays in it
+    elseif beyond or S.dtaken >= total then
+      -- the rest is the scan's (at or above next), or there is none
+      S.doff, S.dtaken = false, 0
+    elseif r < p then
+      -- the rest does not follow on: owed from the due time, as redeliveries are
+      local adds = {}
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.due, cur_s, cur_s)) do
+        local off = tonumber(m)
+        if off and off > S.doff and off >= S.base and off < S.next then
+          adds[#adds + 1] = cur_s
+          adds[#adds + 1] = m
+        end
+      end
+      if #adds > 0 then
+        call_many('ZADD', K.owed, adds)
+        K.types.owed = 'zset'
+        S.sk = math.max(0, S.sk - #adds / 2)
+        slow = true
+      end
+      S.doff, S.dtaken = false, 0
+    end
+    -- (else the run was all taken and more is left: the cursor stays in the due time)
+  end
+  if not S.doff and room > 0 then
+    local page = room + 64
+    local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(cur), fmt(dnow), 'WITHSCORES', 'LIMIT', '0',
+      fmt(page))
+    local i, cnt, all = 1, #got, #got < 2 * page
+    while i <= cnt do
+      if room == 0 then all = false break end
+      local score = got[i + 1]
+      local j = i
+      while j + 2 <= cnt and got[j + 3] == score do j = j + 2 end
+      local offs = {}
+      if not all and j + 1 == cnt then
+        -- the page's last due time may go on past it: read it whole
+        for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.due, score, score)) do offs[#offs + 1] = tonumber(m) end
+      else
+        for k = i, j, 2 do offs[#offs + 1] = tonumber(got[k]) end
+      end
+      table.sort(offs)
+      local handled, whole = take(offs)
+      cur = tonumber(score)
+      if not whole then
+        S.doff, S.dtaken = offs[handled], handled
+        all = false
+        break
+      end
+      i = j + 2
+    end
+    if all then cur = dnow end
+  end
+  if #toff > 0 then
+    S.sk = math.max(0, S.sk - #toff)
+    deliver(toff, tm, ta, known)
+  end
+  S.dcur = cur
+  dnow = cur
+  S.dirty = true
+end
+
 -- 4. New records, in offset order. Where the range may hold timed records (at or below
 -- meta's tlast) each is looked at: a delayed one not yet due is passed over (counted in
--- sk; 1b hands it out once due), an expired one dead-lettered; the scan goes on past
+-- sk; 3b hands it out once due), an expired one dead-lettered; the scan goes on past
 -- them, up to a bound (more: the caller polls again at once).
-local want = max_records - n
-local scanned, more = 0, false
+want = max_records - n
+local scanned, more, wide = 0, false, false
 while want > 0 and S.next < S.tail do
   if scanned >= 4 * max_records + 4096 then more = true break end
-  -- where timed records may be, a page larger than wanted: the ones passed over do not
-  -- count (the loop stops taking at max_records; next stays at the last one taken)
+  -- once this call passed over a record, where timed records may be, a page larger than
+  -- wanted: the ones passed over do not count (the loop stops taking at max_records; next
+  -- stays at the last one taken). Records due by now take the pages they fill.
   local page = want
-  if S.tlast >= S.next then page = math.max(want, 256) end
+  if wide and S.tlast >= S.next then page = math.max(want, 256) end
   local entries = redis.call('XRANGE', K.log, fmt(S.next), '+', 'COUNT', fmt(page))
   local first = S.next
   local count = #entries
   scanned = scanned + count
-  if count > 0 and page == want and S.tlast < first
-      and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1 then
+  if count > 0 and page == want and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1
+      and (S.tlast < first or all_out(entries, 1, count, dnow, S.doff)) then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
     -- and the records take one lease (anonymous first deliveries, the usual case, have
     -- no attempts nor owner to write)
@@ -342,7 +494,9 @@ while want > 0 and S.next < S.tail do
         local f, verdict = e[2], 'out'
         if off <= S.tlast and not plain_fields(f) then
           local _, _, _, d, x = record_fields(f)
-          if d and K.due and tonumber(d) > dnow and tonumber(redis.call('ZSCORE', K.due, m)) == tonumber(d) then
+          local dt = d and tonumber(d)
+          if dt and K.due and (dt > dnow or (S.doff and dt == dnow))
+              and tonumber(redis.call('ZSCORE', K.due, m)) == dt then
             verdict = 'later'
           elseif x and tonumber(x) <= now then
             verdict = 'expired'
@@ -354,8 +508,10 @@ while want > 0 and S.next < S.tail do
           fresh[#fresh + 1] = off
         elseif verdict == 'later' then
           S.sk = S.sk + 1
+          wide = true
         else
           dead_letter(K, S, off, 0, 'expired', now)
+          wide = true
         end
       end
     end
@@ -408,7 +564,10 @@ else
   out[2] = at
 end
 -- the next delayed record falls due (for this group or not: a wake-up at most early)
-if K.due and S.dmax > dnow then
+if K.due and S.doff then
+  -- the rest of a split due time is due now
+  out[2] = now
+elseif K.due and S.dmax > dnow then
   local d = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(dnow), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
   if #d > 0 and (out[2] < 0 or tonumber(d[2]) < out[2]) then out[2] = tonumber(d[2]) end
 end

@@ -14,7 +14,8 @@
 --                    not exist holds nothing back)
 -- KEYS[last] due     zset (optional, after the group keys): the shard's due index; its
 --                    entries due at or before every group's due cursor (and now) are
---                    pruned: no group will look at them again
+--                    pruned: no group will look at them again (a group inside a due
+--                    time split between polls still needs that due time's entries)
 -- ARGV[1] count      integer, number of groups passed
 -- ARGV[2..] names    the group names, in the order of their keys
 --
@@ -69,8 +70,14 @@ if due then
   local bound = now_ms()
   for g = 0, count - 1 do
     local d = redis.call('HMGET', KEYS[5 + 2 * g], 'dly', 'name')
-    -- a group hash that does not exist holds nothing back; 'DCUR BASE SK'
-    if d[2] then bound = math.min(bound, tonumber(s_match(d[1] or '', '^%d+')) or 0) end
+    -- a group hash that does not exist holds nothing back; 'DCUR BASE SK[ DOFF DTAKEN]':
+    -- inside a split due time (DOFF), the entries due at DCUR are still needed
+    if d[2] then
+      local dcur, doff = s_match(d[1] or '', '^(%d+) %d+ %d+ ?(%d*)')
+      dcur = tonumber(dcur) or 0
+      if doff and doff ~= '' then dcur = dcur - 1 end
+      bound = math.min(bound, dcur)
+    end
   end
   if bound > 0 then pruned = redis.call('ZREMRANGEBYSCORE', due, '-inf', fmt(bound)) end
 end

@@ -1224,3 +1224,165 @@ def test_a_group_made_before_any_delayed_record_neither_skips_nor_repeats_them(c
     time.sleep(0.4)
     assert [r.payload for r in poll(client)] == [b"later"]
     assert poll(client) == []
+
+
+# ------------------------------------------------------------------ a due time shared by many records
+
+
+def _group_key(client: felix_redis.Client, group: str = G) -> str:
+    return client.core.name(T, N, S).group_keys(0, group)[0]
+
+
+def _passed_over(client: felix_redis.Client, raw: redis.Redis, count: int) -> None:
+    """The group's scan goes by the delayed records (none is due yet)."""
+    assert poll(client, n=1000) == []
+    st = state(client)
+    assert (st.scheduled, st.pending) == (count, 0), st
+
+
+def test_a_batch_sharing_a_due_time_comes_in_offset_order_once_over_many_polls(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """600 records of one batch fall due at the same moment after the group passed
+    over them; polls of 16 hand them out by offset, each once, first deliveries. Between
+    polls the group's due cursor stands inside that due time (its dly field carries the
+    last offset handed out), an ack of one not handed out yet answers "never delivered",
+    and describe counts the rest as pending."""
+    client = redis_client
+    setup(client)
+    client.publish(T, N, S, b"before")
+    published = client.publish_batch(T, N, S, [b"b%d" % i for i in range(600)], delay=0.4)
+    offsets = [p.offset for p in published]
+    before = poll(client)
+    assert [r.payload for r in before] == [b"before"]
+    client.group_ack_many(T, N, S, 0, G, before)
+    _passed_over(client, raw, 600)
+    wait_server(raw, server_ms(raw) + 450)
+    seen: list[int] = []
+    polls = 0
+    while len(seen) < 600:
+        polls += 1
+        assert polls <= 40
+        got = poll(client, n=16)
+        assert [r.attempts for r in got] == [1] * len(got)
+        assert len(got) == min(16, 600 - len(seen))
+        seen += [r.offset for r in got]
+        if polls == 3:
+            dly = raw.hget(_group_key(client), "dly").split()
+            assert len(dly) == 5 and int(dly[3]) == seen[-1], dly
+            with pytest.raises(NotFound, match="not been delivered"):
+                client.group_ack(T, N, S, 0, G, offsets[-1])
+            st = state(client)
+            assert (st.pending, st.in_flight, st.scheduled, st.unfinished) == (600 - 48, 16, 0, 600 - 32), st
+        client.group_ack_many(T, N, S, 0, G, got)
+    assert seen == offsets
+    assert poll(client) == []
+    assert raw.hget(_group_key(client), "dly").split()[3:] == []
+    st = state(client)
+    assert (st.unfinished, st.pending, st.owed, st.in_flight, st.position) == (0, 0, 0, 0, 601), st
+
+
+def test_records_sharing_a_due_time_but_not_neighbours_are_each_handed_out_once(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Two batches and single records published for the same moment (deliver_at), with
+    plain records between them: the due time's records are not neighbours in the log.
+    Each comes once, when due, whatever the poll size; the plain ones at once."""
+    client = redis_client
+    setup(client)
+    at_ms = server_ms(raw) + 600
+    at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
+    timed: list[int] = []
+    plain: list[int] = []
+    timed += [p.offset for p in client.publish_batch(T, N, S, [b"a%d" % i for i in range(40)], deliver_at=at)]
+    plain.append(client.publish(T, N, S, b"x").offset)
+    timed += [p.offset for p in client.publish_batch(T, N, S, [b"b%d" % i for i in range(40)], deliver_at=at)]
+    for i in range(10):
+        timed.append(client.publish(T, N, S, b"c%d" % i, deliver_at=at).offset)
+        plain.append(client.publish(T, N, S, b"y%d" % i).offset)
+    assert raw.zcount(client.core.name(T, N, S).due_key(0), at_ms, at_ms) == len(timed) == 90
+    first = poll(client, n=1000)
+    assert sorted(r.offset for r in first) == plain
+    client.group_ack_many(T, N, S, 0, G, first)
+    wait_server(raw, at_ms + 20)
+    seen: list[int] = []
+    for n in [16, 3, 30, 1, 16, 16, 16, 16, 16]:
+        got = poll(client, n=n)
+        assert all(r.deliver_ms == at_ms and r.attempts == 1 for r in got)
+        seen += [r.offset for r in got]
+        client.group_ack_many(T, N, S, 0, G, got)
+    assert sorted(seen) == sorted(timed) and len(seen) == len(set(seen))
+    assert poll(client) == []
+    assert state(client).unfinished == 0
+
+
+def test_a_due_time_the_scan_stopped_inside_is_handed_out_once(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """A batch of 5,000 records due at one moment, of which one poll's bounded scan
+    passed over only the first 4,100: once due, the passed ones come from the due index
+    and the rest from the scan, each once and in offset order."""
+    client = redis_client
+    setup(client)
+    published = client.publish_batch(T, N, S, [b"d%d" % i for i in range(5000)], delay=0.8)
+    name = client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_keys(0, G), name.due_key(0)]
+    reply = run_script(client, "group_poll", keys, ["1", "", "0"])
+    assert reply[4] == 0 and int(reply[1]) <= int(reply[0])  # nothing handed out; "poll again"
+    nxt = int(raw.hget(_group_key(client), "next"))
+    assert 0 < nxt < 5000, nxt
+    wait_server(raw, server_ms(raw) + 850)
+    seen: list[int] = []
+    for _ in range(40):
+        got = poll(client, n=200)
+        if not got:
+            break
+        seen += [r.offset for r in got]
+        client.group_ack_many(T, N, S, 0, G, got)
+    assert seen == [p.offset for p in published]
+    assert state(client).unfinished == 0
+
+
+def test_trimming_keeps_the_due_time_a_group_stands_inside(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """stream_trim prunes the due index up to every group's due cursor, but not the due
+    time a group is inside of: its records not handed out yet still come."""
+    client = redis_client
+    setup(client)
+    published = client.publish_batch(T, N, S, [b"d%d" % i for i in range(100)], delay=0.3)
+    _passed_over(client, raw, 100)
+    wait_server(raw, server_ms(raw) + 350)
+    got = poll(client, n=10)
+    client.group_ack_many(T, N, S, 0, G, got)
+    client.stream_trim(T, N, S)
+    assert raw.zcard(name_due := client.core.name(T, N, S).due_key(0)) == 100
+    rest: list[int] = []
+    while batch := poll(client, n=30):
+        rest += [r.offset for r in batch]
+        client.group_ack_many(T, N, S, 0, G, batch)
+    assert [r.offset for r in got] + rest == [p.offset for p in published]
+    client.stream_trim(T, N, S)
+    assert raw.zcard(name_due) == 0
+
+
+def test_a_rate_limit_and_named_consumers_hold_inside_a_shared_due_time(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Handed out from the due index, records still count against the rate limit and
+    are held by the consumer that polled them (reclaim gives them back)."""
+    client = redis_client
+    setup(client, rate_limit=(5, 60.0))
+    client.publish_batch(T, N, S, [b"d%d" % i for i in range(50)], delay=0.3)
+    assert poll(client, n=100) == []
+    wait_server(raw, server_ms(raw) + 350)
+    got = client.group_poll_as(T, N, S, 0, G, "c1", max_records=16)
+    assert len(got) == 5
+    assert client.group_poll_as(T, N, S, 0, G, "c2", max_records=16) == []
+    owner = client.core.name(T, N, S).group_keys(0, G)[7]
+    assert owner.endswith(":owner")
+    assert raw.hgetall(owner) == {str(r.offset).encode(): b"c1" for r in got}
+    # c1 gives them back: owed at once, and the window is spent, so they wait for it
+    assert client.group_poll_as(T, N, S, 0, G, "c1", max_records=16, reclaim=True) == []
+    st = state(client)
+    assert (st.owed, st.in_flight, st.pending) == (5, 0, 45), st

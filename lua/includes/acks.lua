@@ -116,12 +116,15 @@ local function offset_args(from)
 end
 
 -- True when member m is a delayed record the group passed over (below next) and has
--- not handed out yet: in the due index with a due time past the group's due cursor.
+-- not handed out yet: in the due index after the group's due cursor (a due time past
+-- it, or in a split due time the cursor is in, an offset above the last handed out).
 local function not_yet_due(K, S, m)
   local off = tonumber(m)
   if off < S.base or off >= S.next then return false end
   local d = redis.call('ZSCORE', K.due, m)
-  return d ~= false and d ~= nil and tonumber(d) > S.dcur
+  if d == false or d == nil then return false end
+  d = tonumber(d)
+  return d > S.dcur or (S.doff ~= false and d == S.dcur and off > S.doff)
 end
 
 -- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state
