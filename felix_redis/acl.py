@@ -128,9 +128,10 @@ def rules(
         # trimming (after a publish, when the stream has retention) reads every group's
         # position; the producers' states live in meta; the settings (conf) are read only
         read = [*shard_patterns, f"{base}:g:*", cap]
-        # the due index: delayed publishes add to it, trimming prunes what every group passed
+        # the due index: delayed publishes add to its chunks (ZREM of the old, ZADD of the
+        # longer), trimming prunes what every group passed
         writes = [(("hset", "hdel"), [f"{base}:meta"]), (("xadd", "xtrim"), [f"{base}:log"]),
-                  (("zadd", "zremrangebyscore"), [f"{base}:due"]),
+                  (("zadd", "zrem", "zremrangebyscore"), [f"{base}:due"]),
                   (("hset", "hdel"), [f"{base}:schedules"]), (("zadd", "zrem"), [f"{base}:sched"])]
     else:  # stream.admin: every key of the stream, and its tenant's registry
         read = [f"{base}:*", cap, registry_key(p, _glob(tenant))]

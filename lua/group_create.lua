@@ -22,6 +22,7 @@
 -- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND (no such stream or shard), FELIX_GROUP_EXISTS (strict=1),
 -- FELIX_INVALID (bad start, timeout or attempts; a name or key not the group's), FELIX_WRONGTYPE.
 --- @include "group"
+--- @include "due"
 require_group_role('group.manage')
 local K = group_keys()
 local name, start = ARGV[1], ARGV[2]
@@ -71,10 +72,10 @@ if K.due and redis.call('HEXISTS', K.meta, 'dmax') == 1 then
   fields[#fields + 1] = 'dly'
   fields[#fields + 1] = fmt(now) .. ' ' .. fmt(pos) .. ' 0'
   if pos > first then
-    local last = redis.call('ZRANGE', K.due, '+inf', '(' .. fmt(now), 'BYSCORE', 'REV', 'LIMIT', '0', '1', 'WITHSCORES')
-    if #last > 0 then
+    local latest = due_latest(K.due)
+    if latest and latest > now then
       fields[#fields + 1] = 'dpre'
-      fields[#fields + 1] = last[2]
+      fields[#fields + 1] = fmt(latest)
     end
   end
 end

@@ -19,6 +19,7 @@
 --- @include "group"
 --- @include "runs"
 --- @include "records"
+--- @include "due"
 local K = group_keys()
 local S = load_group(K)
 local now = now_ms()
@@ -47,27 +48,30 @@ local owed = redis.call('ZCARD', K.owed) + lapsed
 local scheduled, passed_due, adjust = 0, 0, 0
 if K.due and (S.dmax > math.min(now, S.dcur) or S.doff) then
   if S.dmax > now then
-    scheduled = redis.call('ZCOUNT', K.due, '(' .. fmt(now), '+inf')
+    scheduled = due_count_after(K.due, now)
     -- delayed records below where the group started are not its own
     local dpre = tonumber(redis.call('HGET', K.group, 'dpre'))
     if dpre and dpre > now then
-      local pre = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(now), fmt(dpre))
-      for _, m in ipairs(pre) do
-        if tonumber(m) < S.base then scheduled = scheduled - 1 end
-      end
+      due_each(K.due, now, dpre, function(_, a, z)
+        if a < S.base then scheduled = scheduled - (math.min(z, S.base - 1) - a + 1) end
+      end)
     end
   end
   if (S.dmax > S.dcur and now > S.dcur) or S.doff then
-    -- (inside a due time split between polls, its records above the last handed out too)
-    local from = '(' .. fmt(S.dcur)
-    if S.doff then from = fmt(S.dcur) end
-    local got = redis.call('ZRANGEBYSCORE', K.due, from, fmt(math.max(now, S.dcur)), 'WITHSCORES')
-    for i = 1, #got, 2 do
-      local off = tonumber(got[i])
-      if off and off >= S.base and off < S.next and (tonumber(got[i + 1]) > S.dcur or off > S.doff) then
-        passed_due = passed_due + 1
+    -- passed over (in [base, next)), after the due cursor and due by now (inside the due
+    -- time the cursor stands in, above its last offset handled)
+    local upto = math.max(now, S.dcur)
+    local function count(a, z)
+      a, z = math.max(a, S.base), math.min(z, S.next - 1)
+      if z >= a then passed_due = passed_due + z - a + 1 end
+    end
+    if S.doff then
+      local rd, ra, rz = due_bucket_ranges(K.due, due_bucket(S.dcur))
+      for i = 1, #rd do
+        if rd[i] == S.dcur and rz[i] > S.doff then count(math.max(ra[i], S.doff + 1), rz[i]) end
       end
     end
+    due_each(K.due, S.dcur, upto, function(_, a, z) count(a, z) end)
   end
   local passed_future = math.max(0, S.sk - passed_due)
   adjust = passed_due - math.max(0, scheduled - passed_future)

@@ -31,6 +31,7 @@
 --- @include "group"
 --- @include "dead_letters"
 --- @include "records"
+--- @include "due"
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], ARGV[3] == '1'
@@ -195,22 +196,16 @@ local function all_out(es, i, j, due_by)
 end
 
 -- Hands out the records at offsets toff (members tm, ta: the attempts this delivery
--- makes; known: log entries already read, by offset), in that order: one XRANGE per run
--- of consecutive offsets not read yet; a run found whole in the log (the usual case)
--- with the same attempts goes into the reply at once and takes one lease. A record retention trimmed is finished (counted), an expired one
+-- makes), in that order: one XRANGE per run of consecutive offsets; a run found whole
+-- in the log (the usual case) with the same attempts goes into the reply at once and
+-- takes one lease. A record retention trimmed is finished (counted), an expired one
 -- dead-lettered.
-local function deliver(toff, tm, ta, known)
+local function deliver(toff, tm, ta)
   local i, count = 1, #toff
   while i <= count do
     local j = i
     while j < count and toff[j + 1] == toff[j] + 1 and ta[j + 1] == ta[i] do j = j + 1 end
-    local es
-    if known and known[toff[i]] and known[toff[j]] then
-      es = {}
-      for k = i, j do es[#es + 1] = known[toff[k]] end
-    else
-      es = redis.call('XRANGE', K.log, tm[i], tm[j], 'COUNT', fmt(j - i + 1))
-    end
+    local es = redis.call('XRANGE', K.log, tm[i], tm[j], 'COUNT', fmt(j - i + 1))
     local whole = #es == j - i + 1 and s_find(es[#es][1], tm[j] .. '-', 1, true) == 1
       and s_find(es[1][1], tm[i] .. '-', 1, true) == 1
     if whole and S.tlast >= toff[i] then
@@ -307,146 +302,66 @@ end
 -- the order of the shard's due index: by due time, then offset. The due cursor says how
 -- far the group got: every entry due before S.dcur is handled (handed out, left to the
 -- scan when at or above next, or not the group's when below base), and so are those due
--- at S.dcur, except, when a due time shared by many records was split between polls
--- (S.doff), the ones above offset S.doff (S.dtaken of them are handled). A split due
--- time goes on by offset (the records of a batch follow each other); the rest of one
--- whose records do not is owed from its due time. Records at or above next are not
--- passed yet: the scan below meets them, due by then.
+-- at S.dcur, but for the ones above offset S.doff when the cursor stands inside a due
+-- time (many records due at once, more than a poll took). Records at or above next are
+-- not passed yet: the scan below meets them, due by then. The index is read bucket by
+-- bucket (lua/includes/due.lua), at most DUE_BUCKETS a call.
+local DUE_BUCKETS = 16
 local want = max_records - n
 if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
-  local toff, tm, ta, known = {}, {}, {}, {}
+  local toff, tm, ta = {}, {}, {}
   local room = want
-  -- Takes the offsets offs (ascending) of one due time: those in [base, next) are handed
-  -- out while room lasts. Returns how many of offs are handled (a prefix) and whether
-  -- that is all of them.
-  local function take(offs)
-    local k, cnt = 0, #offs
-    while k < cnt do
-      local off = offs[k + 1]
-      if off >= S.next then return cnt, true end
-      if off >= S.base then
-        if room == 0 then return k, false end
-        toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = off, fmt(off), 1
-        room = room - 1
-      end
-      k = k + 1
+  local cur, doff = S.dcur, S.doff
+  local bs = due_bucket(cur)
+  local full = false
+  for _ = 1, DUE_BUCKETS do
+    local b = due_next_bucket(K.due, bs, fmt(dnow))
+    if not b then
+      -- everything due by dnow is handled
+      cur, doff = dnow, false
+      break
     end
-    return cnt, true
-  end
-  local cur = S.dcur
-  if S.doff then
-    -- the rest of a split due time: its next offsets, while they follow each other in
-    -- the log with that due time (read once: the records handed out are these entries)
-    local cur_s = fmt(cur)
-    local total = redis.call('ZCOUNT', K.due, cur_s, cur_s)
-    local p = math.min(total - S.dtaken, want)
-    local es, r = {}, 0
-    if p > 0 then
-      es = redis.call('XRANGE', K.log, fmt(S.doff + 1), '+', 'COUNT', fmt(p))
-      for i, e in ipairs(es) do
-        -- (publish writes d right after p, or after p and k)
-        local f = e[2]
-        local d = (f[3] == 'd' and f[4]) or (f[5] == 'd' and f[6]) or select(4, record_fields(f))
-        if d ~= cur_s then break end
-        r = i
-      end
-      -- one entry per offset from doff + 1 on (the first and the last where they must
-      -- be), else the part that is
-      if r > 0 and not (s_find(es[1][1], fmt(S.doff + 1) .. '-', 1, true) == 1
-          and s_find(es[r][1], fmt(S.doff + r) .. '-', 1, true) == 1) then
-        local k = 0
-        while k < r and s_find(es[k + 1][1], fmt(S.doff + k + 1) .. '-', 1, true) == 1 do k = k + 1 end
-        r = k
-      end
-    end
-    -- the run doff + 1 .. doff + r: those in [base, next) are handed out while room lasts
-    local a, last = S.doff + 1, S.doff + r
-    local beyond = last >= S.next
-    if beyond then last = S.next - 1 end
-    local from = math.max(a, S.base)
-    local give = math.max(0, last - from + 1)
-    local cut = give > room
-    if cut then give = room; last = from + give - 1 end
-    if give > 0 then
-      local i0 = from - S.doff
-      if all_out(es, i0, i0 + give - 1, cur, false) then
-        -- the usual case: into the reply at once, one lease
-        if consumer ~= '' then
-          for o = from, from + give - 1 do lease(fmt(o), 1) end
+    local rd, ra, rz = due_bucket_ranges(K.due, b)
+    for i = 1, #rd do
+      local t, a, z = rd[i], ra[i], rz[i]
+      if t > dnow then break end
+      if t > cur or (t == cur and doff and z > doff) then
+        if t == cur and doff and a <= doff then a = doff + 1 end
+        -- a .. z: those in [base, next) are handed out while room lasts
+        if a < S.base then a = S.base end
+        local upto = math.min(z, S.next - 1)
+        local give = math.max(0, upto - a + 1)
+        if give > room then
+          give = room
+          full = true
         end
-        put(es, i0, i0 + give - 1, 1)
-        lfirst[#lfirst + 1] = fmt(from)
-        llast[#llast + 1] = fmt(from + give - 1)
-        S.sk = math.max(0, S.sk - give)
-      else
-        for o = from, from + give - 1 do
+        for o = a, a + give - 1 do
           toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = o, fmt(o), 1
-          known[o] = es[o - S.doff]
         end
-      end
-      room = room - give
-    end
-    local handled = math.max(0, last - a + 1)
-    S.doff, S.dtaken = S.doff + handled, S.dtaken + handled
-    if cut then
-      -- room is spent inside the due time: the cursor stays in it
-    elseif beyond or S.dtaken >= total then
-      -- the rest is the scan's (at or above next), or there is none
-      S.doff, S.dtaken = false, 0
-    elseif r < p then
-      -- the rest does not follow on: owed from the due time, as redeliveries are
-      local adds = {}
-      for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.due, cur_s, cur_s)) do
-        local off = tonumber(m)
-        if off and off > S.doff and off >= S.base and off < S.next then
-          adds[#adds + 1] = cur_s
-          adds[#adds + 1] = m
+        room = room - give
+        cur = t
+        if full then
+          doff = a + give - 1
+          break
         end
+        doff = z
       end
-      if #adds > 0 then
-        call_many('ZADD', K.owed, adds)
-        K.types.owed = 'zset'
-        S.sk = math.max(0, S.sk - #adds / 2)
-        slow = true
-      end
-      S.doff, S.dtaken = false, 0
     end
-    -- (else the run was all taken and more is left: the cursor stays in the due time)
-  end
-  if not S.doff and room > 0 then
-    local page = room + 64
-    local got = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(cur), fmt(dnow), 'WITHSCORES', 'LIMIT', '0',
-      fmt(page))
-    local i, cnt, all = 1, #got, #got < 2 * page
-    while i <= cnt do
-      if room == 0 then all = false break end
-      local score = got[i + 1]
-      local j = i
-      while j + 2 <= cnt and got[j + 3] == score do j = j + 2 end
-      local offs = {}
-      if not all and j + 1 == cnt then
-        -- the page's last due time may go on past it: read it whole
-        for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.due, score, score)) do offs[#offs + 1] = tonumber(m) end
-      else
-        for k = i, j, 2 do offs[#offs + 1] = tonumber(got[k]) end
-      end
-      table.sort(offs)
-      local handled, whole = take(offs)
-      cur = tonumber(score)
-      if not whole then
-        S.doff, S.dtaken = offs[handled], handled
-        all = false
-        break
-      end
-      i = j + 2
+    if full then break end
+    if b + DUE_W - 1 <= dnow then
+      -- the whole bucket is handled
+      cur, doff = b + DUE_W - 1, false
+      bs = b + DUE_W
+    else
+      cur, doff = dnow, false
+      break
     end
-    if all then cur = dnow end
   end
   if #toff > 0 then
     S.sk = math.max(0, S.sk - #toff)
-    deliver(toff, tm, ta, known)
+    deliver(toff, tm, ta)
   end
-  S.dcur = cur
+  S.dcur, S.doff = cur, doff
   dnow = cur
   S.dirty = true
 end
@@ -459,6 +374,7 @@ end
 -- never meets a record of that due time that the due index still has to hand out.)
 want = max_records - n
 local scanned, more, wide = 0, false, false
+local held_by_due = {}  -- the due index's buckets read by this scan
 while want > 0 and S.next < S.tail do
   if scanned >= 4 * max_records + 4096 then more = true break end
   -- once this call passed over a record, where timed records may be, a page larger than
@@ -497,7 +413,7 @@ while want > 0 and S.next < S.tail do
         if off <= S.tlast and not plain_fields(f) then
           local _, _, _, d, x = record_fields(f)
           local dt = d and tonumber(d)
-          if dt and K.due and dt > dnow and tonumber(redis.call('ZSCORE', K.due, m)) == dt then
+          if dt and K.due and dt > dnow and due_holds(K.due, off, dt, held_by_due) then
             verdict = 'later'
           elseif x and tonumber(x) <= now then
             verdict = 'expired'
@@ -569,8 +485,8 @@ if K.due and S.doff then
   -- the rest of a split due time is due now
   out[2] = now
 elseif K.due and S.dmax > dnow then
-  local d = redis.call('ZRANGEBYSCORE', K.due, '(' .. fmt(dnow), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-  if #d > 0 and (out[2] < 0 or tonumber(d[2]) < out[2]) then out[2] = tonumber(d[2]) end
+  local d = due_after(K.due, dnow)
+  if d and (out[2] < 0 or d < out[2]) then out[2] = d end
 end
 if more then out[2] = now end
 if rate_left == 0 then

@@ -14,8 +14,8 @@
 --                      k (key), h (headers), d (due ms), x (expiry ms), each but p only
 --                      when the record has it
 -- KEYS[3] conf         hash: the stream's settings (max_payload, bytes, is read here)
--- KEYS[4] due          zset (only with a delivery time): the shard's due index, member =
---                      offset of a delayed record, score = its due time (ms)
+-- KEYS[4] due          zset (only with a delivery time): the shard's due index, chunks of
+--                      the delayed records' offsets by due-time bucket (lua/includes/due.lua)
 -- ARGV[1] key          record key, '' for none; at most 1024 bytes
 -- ARGV[2] secret       the producer's secret, 32 to 64 characters [0-9a-f], '' for a
 --                      plain publish
@@ -59,6 +59,7 @@
 --- @include "acl"
 --- @include "producer"
 --- @include "records"
+--- @include "due"
 require_stream_role('stream.publish', nil, SHARD_KEYS_PUBLISH, true)
 local P0 = 8  -- ARGV index of the first payload
 local count = #ARGV - P0 + 1
@@ -183,6 +184,8 @@ if extended then
   if due then extra[#extra + 1] = 'd'; extra[#extra + 1] = due_s end
   if expires_ms then extra[#extra + 1] = 'x'; extra[#extra + 1] = fmt(now + expires_ms) end
   local dmax = due and tonumber(redis.call('HGET', meta, 'dmax'))
+  -- the due index's chunk this publish appends to, read (and checked) before any write
+  local dtop = due and due_top(due_key, due_bucket(due))
   local first_off = tail_s
   local added = redis.pcall('XADD', log, tail_s .. '-' .. ms, p, ARGV[P0], unpack(extra))
   if type(added) == 'table' and added.err then
@@ -199,11 +202,7 @@ if extended then
   local last_s = fmt(tail + count - 1)
   local fields = {'tail', fmt(tail + count), 'tlast', last_s}
   if due then
-    local pairs_ = {}
-    for i = 0, count - 1 do pairs_[#pairs_ + 1] = due_s; pairs_[#pairs_ + 1] = fmt(tail + i) end
-    for i = 1, #pairs_, 1000 do
-      redis.call('ZADD', due_key, unpack(pairs_, i, math.min(i + 999, #pairs_)))
-    end
+    due_add(due_key, due, tail, count, dtop)
     if not dmax or due > dmax then fields[#fields + 1] = 'dmax'; fields[#fields + 1] = due_s end
   end
   if field then

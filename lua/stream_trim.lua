@@ -13,18 +13,19 @@
 --                    the keys of the group ARGV names (a name whose group hash does
 --                    not exist holds nothing back)
 -- KEYS[last] due     zset (optional, after the group keys): the shard's due index; its
---                    entries due at or before every group's due cursor (and now) are
---                    pruned: no group will look at them again (a group inside a due
---                    time split between polls still needs that due time's entries)
+--                    chunks whose records are all due at or before every group's due
+--                    cursor (and now) are pruned: no group will look at them again (a
+--                    group standing inside a due time still needs that due time)
 -- ARGV[1] count      integer, number of groups passed
 -- ARGV[2..] names    the group names, in the order of their keys
 --
 -- Role: stream.publish or stream.admin, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:publish or PREFIXcap:{TAG}:admin, derived from KEYS[1]; never passed nor accessed.
--- Returns: {records trimmed now, first offset kept, due index entries pruned}.
+-- Returns: {records trimmed now, first offset kept, records pruned from the due index}.
 -- Errors: FELIX_NOPERM (no stream.publish or stream.admin role), FELIX_NOT_FOUND (no such stream or shard), FELIX_INVALID (arguments do not
 -- match, or a key is not the one the shard and the group names imply), FELIX_CONFLICT (the group list changed: read again and retry), FELIX_WRONGTYPE.
 --- @include "shard_groups"
+--- @include "due"
 require_stream_role('stream.publish', 'stream.admin')
 local count, extra = shard_groups(2, {'due'})
 local due = extra.due
@@ -70,8 +71,8 @@ if due then
   local bound = now_ms()
   for g = 0, count - 1 do
     local d = redis.call('HMGET', KEYS[5 + 2 * g], 'dly', 'name')
-    -- a group hash that does not exist holds nothing back; 'DCUR BASE SK[ DOFF DTAKEN]':
-    -- inside a split due time (DOFF), the entries due at DCUR are still needed
+    -- a group hash that does not exist holds nothing back; 'DCUR BASE SK[ DOFF]':
+    -- standing inside a due time (DOFF), the entries due at DCUR are still needed
     if d[2] then
       local dcur, doff = s_match(d[1] or '', '^(%d+) %d+ %d+ ?(%d*)')
       dcur = tonumber(dcur) or 0
@@ -79,7 +80,7 @@ if due then
       bound = math.min(bound, dcur)
     end
   end
-  if bound > 0 then pruned = redis.call('ZREMRANGEBYSCORE', due, '-inf', fmt(bound)) end
+  if bound > 0 then pruned = due_prune(due, bound) end
 end
 if cut <= first then return {0, first, pruned} end
 redis.call('XTRIM', KEYS[2], 'MINID', fmt(cut))

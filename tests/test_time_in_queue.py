@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -78,6 +79,25 @@ def state(client: felix_redis.Client, group: str = G, shard: int = 0) -> felix_r
 
 def dead(client: felix_redis.Client, group: str = G, shard: int = 0) -> list[tuple[int, int, str]]:
     return [(d.offset, d.attempts, d.reason) for d in client.group_dead_letters(T, N, S, shard, group)]
+
+
+def due_index(raw: Any, key: str) -> list[tuple[int, int]]:
+    """The shard's due index read as docs/keys.md describes it: (offset, due ms) of every
+    record it holds, sorted. A chunk member 'K:FIRST:COUNT:ENTRIES' scored by its bucket's
+    start; an entry 'D.DD' or 'D+L.DD' is the record(s) FIRST + D (.. + L - 1) due at
+    score + DD; COUNT is how many records the entries hold."""
+    out: list[tuple[int, int]] = []
+    for member, score in raw.zrange(key, 0, -1, withscores=True):
+        _k, first, count, entries = member.decode().split(":", 3)
+        got: list[tuple[int, int]] = []
+        for entry in entries.split(";"):
+            head, dd = entry.split(".")
+            d, _, n = head.partition("+")
+            start = int(first) + int(d)
+            got += [(start + i, int(score) + int(dd)) for i in range(int(n or 1))]
+        assert len(got) == int(count), (member, got)
+        out += got
+    return sorted(out)
 
 
 def count_evals(client: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -686,8 +706,7 @@ def test_a_resent_idempotent_publish_keeps_the_first_due_time(
     rec = client.read(T, N, S, 0, 0)
     assert len(rec) == 1
     assert rec[0].deliver_ms == rec[0].published_ms + 800  # from the first send
-    due_members = r.zrange(client.core.name(T, N, S).due_key(0), 0, -1, withscores=True)
-    assert [(int(m), int(sc)) for m, sc in due_members] == [(0, rec[0].published_ms + 800)]
+    assert due_index(r, client.core.name(T, N, S).due_key(0)) == [(0, rec[0].published_ms + 800)]
     assert poll(client) == []
     wait_server(r, rec[0].published_ms + 800)
     got = poll(client)
@@ -722,7 +741,7 @@ def test_a_resent_idempotent_batch_keeps_the_first_due_time(
     recs = client.read(T, N, S, 0, 0)
     assert len(recs) == 3
     assert {x.deliver_ms - x.published_ms for x in recs} == {5000}
-    assert client.redis.zcard(client.core.name(T, N, S).due_key(0)) == 3
+    assert len(due_index(client.redis, client.core.name(T, N, S).due_key(0))) == 3
     assert state(client).scheduled == 3
 
 
@@ -1156,7 +1175,8 @@ def test_three_thousand_delayed_records_with_plain_ones_are_each_delivered_once_
         t.join(30)
     assert not errors, errors
     seen = [(i.shard, i.offset) for i, _ in deliveries]
-    assert len(seen) == len(set(seen)), "a record was delivered twice"
+    dups = sorted(k for k, c in Counter(seen).items() if c > 1)
+    assert not dups, [(i.claim, i.deliver_ms, at) for i, at in deliveries if (i.shard, i.offset) in set(dups[:3])]
     assert sorted(i.payload for i, _ in deliveries) == sorted(expected_delay)
     early, late = [], []
     for item, after in deliveries:
@@ -1187,27 +1207,30 @@ def test_the_due_index_is_pruned_of_what_every_group_passed_and_deleted_with_the
     redis_client: felix_redis.Client, raw: redis.Redis
 ) -> None:
     """stream_trim removes the due index's entries every group has passed (their due
-    cursors), never one a group still has to hand out; stream_delete deletes the index."""
+    cursors), never one a group still has to hand out; stream_delete deletes the index.
+    (The index keeps due times in buckets of 100 ms and prunes whole buckets: an entry
+    goes once every cursor is past the end of its bucket.)"""
     client = redis_client
     setup(client)
     client.group_create(T, N, S, "idle")
     due_key = client.core.name(T, N, S).due_key(0)
     published = client.publish_batch(T, N, S, [b"a", b"b"], delay=0.3)
-    assert raw.zcard(due_key) == 2
-    wait_server(raw, server_ms(raw) + 350)
+    assert len(due_index(raw, due_key)) == 2
+    due = due_index(raw, due_key)[0][1]
+    wait_server(raw, due - due % 100 + 100)
     got = poll(client)
     assert sorted(r.payload for r in got) == [b"a", b"b"]
     client.group_ack_many(T, N, S, 0, G, got)
     # "idle" never polled: its due cursor holds the entries
     client.stream_trim(T, N, S)
-    assert raw.zcard(due_key) == 2
+    assert len(due_index(raw, due_key)) == 2
     assert sorted(r.offset for r in poll(client, "idle")) == [p.offset for p in published]
     client.stream_trim(T, N, S)
-    assert raw.zcard(due_key) == 0
+    assert len(due_index(raw, due_key)) == 0
     client.publish(T, N, S, b"later", delay=60)
-    assert raw.zcard(due_key) == 1
+    assert len(due_index(raw, due_key)) == 1
     client.stream_trim(T, N, S)
-    assert raw.zcard(due_key) == 1  # not due: kept
+    assert len(due_index(raw, due_key)) == 1  # not due: kept
     client.stream_delete(T, N, S)
     assert raw.exists(due_key) == 0
 
@@ -1246,7 +1269,7 @@ def test_a_batch_sharing_a_due_time_comes_in_offset_order_once_over_many_polls(
     """600 records of one batch fall due at the same moment after the group passed
     over them; polls of 16 hand them out by offset, each once, first deliveries. Between
     polls the group's due cursor stands inside that due time (its dly field carries the
-    last offset handed out), an ack of one not handed out yet answers "never delivered",
+    last offset handed out as a fourth number), an ack of one not handed out yet answers "never delivered",
     and describe counts the rest as pending."""
     client = redis_client
     setup(client)
@@ -1269,7 +1292,7 @@ def test_a_batch_sharing_a_due_time_comes_in_offset_order_once_over_many_polls(
         seen += [r.offset for r in got]
         if polls == 3:
             dly = raw.hget(_group_key(client), "dly").split()
-            assert len(dly) == 5 and int(dly[3]) == seen[-1], dly
+            assert len(dly) == 4 and int(dly[3]) == seen[-1], dly
             with pytest.raises(NotFound, match="not been delivered"):
                 client.group_ack(T, N, S, 0, G, offsets[-1])
             st = state(client)
@@ -1300,7 +1323,8 @@ def test_records_sharing_a_due_time_but_not_neighbours_are_each_handed_out_once(
     for i in range(10):
         timed.append(client.publish(T, N, S, b"c%d" % i, deliver_at=at).offset)
         plain.append(client.publish(T, N, S, b"y%d" % i).offset)
-    assert raw.zcount(client.core.name(T, N, S).due_key(0), at_ms, at_ms) == len(timed) == 90
+    held = due_index(raw, client.core.name(T, N, S).due_key(0))
+    assert held == [(o, at_ms) for o in sorted(timed)] and len(timed) == 90
     first = poll(client, n=1000)
     assert sorted(r.offset for r in first) == plain
     client.group_ack_many(T, N, S, 0, G, first)
@@ -1356,14 +1380,14 @@ def test_trimming_keeps_the_due_time_a_group_stands_inside(
     got = poll(client, n=10)
     client.group_ack_many(T, N, S, 0, G, got)
     client.stream_trim(T, N, S)
-    assert raw.zcard(name_due := client.core.name(T, N, S).due_key(0)) == 100
+    assert len(due_index(raw, name_due := client.core.name(T, N, S).due_key(0))) == 100
     rest: list[int] = []
     while batch := poll(client, n=30):
         rest += [r.offset for r in batch]
         client.group_ack_many(T, N, S, 0, G, batch)
     assert [r.offset for r in got] + rest == [p.offset for p in published]
     client.stream_trim(T, N, S)
-    assert raw.zcard(name_due) == 0
+    assert due_index(raw, name_due) == []
 
 
 def test_a_rate_limit_and_named_consumers_hold_inside_a_shared_due_time(
@@ -1386,3 +1410,34 @@ def test_a_rate_limit_and_named_consumers_hold_inside_a_shared_due_time(
     assert client.group_poll_as(T, N, S, 0, G, "c1", max_records=16, reclaim=True) == []
     st = state(client)
     assert (st.owed, st.in_flight, st.pending) == (5, 0, 45), st
+
+
+def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """docs/keys.md's due index: a delayed batch is one entry; single records due in the
+    same 100 ms bucket share chunks of at most 480 bytes; every record is there with its
+    due time, and a group hands them all out once due."""
+    client = redis_client
+    setup(client)
+    due_key = client.core.name(T, N, S).due_key(0)
+    at_ms = server_ms(raw) + 700
+    at_ms -= at_ms % 100  # the start of a bucket: all below are in it
+    at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
+    batch = client.publish_batch(T, N, S, [b"b%d" % i for i in range(1000)], deliver_at=at)
+    members = raw.zrange(due_key, 0, -1)
+    assert len(members) == 1 and members[0].decode().split(":", 3)[3] == "0+1000.0", members
+    later = datetime.fromtimestamp((at_ms + 50) / 1000, timezone.utc)
+    singles = [client.publish(T, N, S, b"s%d" % i, deliver_at=later).offset for i in range(300)]
+    members = raw.zrange(due_key, 0, -1, withscores=True)
+    assert {int(sc) for _, sc in members} == {at_ms}
+    assert all(len(m) <= 480 for m, _ in members)
+    assert len(members) <= 1 + 300 * 12 // 440 + 1, len(members)
+    assert due_index(raw, due_key) == sorted([(p.offset, at_ms) for p in batch] + [(o, at_ms + 50) for o in singles])
+    assert poll(client, n=1000) == []
+    wait_server(raw, at_ms + 60)
+    got: list[int] = []
+    while batch_ := poll(client, n=500):
+        got += [r.offset for r in batch_]
+        client.group_ack_many(T, N, S, 0, G, batch_)
+    assert got == [p.offset for p in batch] + singles

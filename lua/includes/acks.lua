@@ -2,6 +2,8 @@
 
 --- @include "leases"
 --- @include "runs"
+--- @include "records"
+--- @include "due"
 
 -- Finishes record off: drops its lease or owed entry, attempts and owner.
 local function finish(K, S, off)
@@ -116,15 +118,18 @@ local function offset_args(from)
 end
 
 -- True when member m is a delayed record the group passed over (below next) and has
--- not handed out yet: in the due index after the group's due cursor (a due time past
--- it, or in a split due time the cursor is in, an offset above the last handed out).
+-- not handed out yet: due (the log's d field) after the group's due cursor, and in the
+-- due index with that due time.
 local function not_yet_due(K, S, m)
   local off = tonumber(m)
   if off < S.base or off >= S.next then return false end
-  local d = redis.call('ZSCORE', K.due, m)
-  if d == false or d == nil then return false end
+  local e = redis.call('XRANGE', K.log, m, m, 'COUNT', 1)[1]
+  if not e or s_find(e[1], m .. '-', 1, true) ~= 1 or plain_fields(e[2]) then return false end
+  local _, _, _, d = record_fields(e[2])
+  if not d then return false end
   d = tonumber(d)
-  return d > S.dcur or (S.doff ~= false and d == S.dcur and off > S.doff)
+  if d < S.dcur or (d == S.dcur and (not S.doff or off <= S.doff)) then return false end
+  return due_holds(K.due, off, d, {})
 end
 
 -- Acks the delivered records ms, offsets offs (from offset_args): each leaves no group state

@@ -7,10 +7,10 @@
 -- KEYS[2] log        stream: the records, entry ID OFFSET-PUBLISHMS
 -- KEYS[3] group      hash: vt (ms), max (attempts), pos, next, wseq, cons, trimmed, top
 --                    (FIRST-LAST: the highest finished run above pos), created, and for
---                    delayed records dly ('DCUR BASE SK[ DOFF DTAKEN]': the due cursor
---                    (ms), the offset the group started at, the delayed records passed
---                    over and not yet handed out, and inside a due time split between
---                    polls the last offset handed out and how many of it are handled) and dpre; rate ('COUNT PER_MS START TAKEN': the limit and the
+--                    delayed records dly ('DCUR BASE SK[ DOFF]': the due cursor (ms), the
+--                    offset the group started at, the delayed records passed over and
+--                    not yet handed out, and when the cursor stands inside a due time,
+--                    the last offset of it handled) and dpre; rate ('COUNT PER_MS START TAKEN': the limit and the
 --                    current window's start (ms) and hand-outs) when rate limited
 -- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
 --                    records (KEYS[13]), score = its expiry (ms)
@@ -25,7 +25,7 @@
 -- KEYS[12] wake      stream: one entry per wake-up, long-polling consumers block on it
 -- KEYS[13] held      zset: the leases' ranges, member FIRST offset scored LAST offset
 -- After the block some scripts take the shard's groups set and its due index
--- (felix:{TAG}:due, zset: offsets of delayed records by due time).
+-- (felix:{TAG}:due, zset: the delayed records' offsets by due time, lua/includes/due.lua).
 
 --- @include "roles"
 --- @include "acl"
@@ -139,11 +139,11 @@ local function load_group(K)
   -- the due index is read only where delayed records were ever published (dmax)
   if K.due and mt[3] then expect_type(K.due, 'zset') end
   -- delayed records: 'DCUR BASE SK'; the rate limit: 'COUNT PER_MS[ START TAKEN]'
-  local dcur, dbase, sk, doff, dtaken = 0, 0, 0, false, 0
+  local dcur, dbase, sk, doff = 0, 0, 0, false
   if g[9] then
-    local a, b, c, o, t = s_match(g[9], '^(%d+) (%d+) (%d+) ?(%d*) ?(%d*)$')
+    local a, b, c, o = s_match(g[9], '^(%d+) (%d+) (%d+) ?(%d*)$')
     if a then dcur, dbase, sk = tonumber(a), tonumber(b), tonumber(c) end
-    if o and o ~= '' and t ~= '' then doff, dtaken = tonumber(o), tonumber(t) end
+    if o and o ~= '' then doff = tonumber(o) end
   end
   local rate, rate_count, rate_per, rwin_start, rwin_taken = false, false, false, 0, 0
   if g[10] then
@@ -163,7 +163,7 @@ local function load_group(K)
     -- none), this group's due cursor (due times up to it are handled), the offset the
     -- group started at, and how many delayed records it passed that are not yet due
     tlast = tonumber(mt[2]) or -1, dmax = tonumber(mt[3]) or 0,
-    dcur = dcur, base = dbase, sk = sk, doff = doff, dtaken = dtaken, loaded_dly = g[9],
+    dcur = dcur, base = dbase, sk = sk, doff = doff, loaded_dly = g[9],
     -- the rate limit ('COUNT PER_MS', or false), and its window's start (ms) and hand-outs
     rate = rate, rate_count = rate_count, rate_per = rate_per, rwin_start = rwin_start, rwin_taken = rwin_taken,
     rwin_changed = false,
@@ -181,7 +181,7 @@ local function save_group(K, S)
     if trimmed ~= (g[7] or '0') then args[#args + 1] = 'trimmed'; args[#args + 1] = trimmed end
     if S.loaded_dly or S.dcur > 0 then
       local dly = fmt(S.dcur) .. ' ' .. fmt(S.base) .. ' ' .. fmt(S.sk)
-      if S.doff then dly = dly .. ' ' .. fmt(S.doff) .. ' ' .. fmt(S.dtaken) end
+      if S.doff then dly = dly .. ' ' .. fmt(S.doff) end
       if dly ~= S.loaded_dly then
         args[#args + 1] = 'dly'
         args[#args + 1] = dly

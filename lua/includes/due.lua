@@ -1,0 +1,184 @@
+-- due: the shard's due index (felix:{TAG}:due), where groups find the delayed records
+-- they passed over once these fall due. Publishers add to it, groups read it, stream_trim
+-- prunes it.
+--
+-- A sorted set of chunks. The score of a chunk is the start (ms) of its due-time bucket
+-- (due times DUE_W ms wide: floor(due / DUE_W) * DUE_W); its member is the text
+--   K:FIRST:COUNT:ENTRIES
+-- K the chunk's number in its bucket (6 digits, so that the highest sorts last), FIRST an
+-- offset the entries count from, COUNT the records of the chunk, and ENTRIES entries
+-- joined by ';', each 'D.DD' (the record FIRST + D, due at score + DD ms) or 'D+L.DD' (the
+-- L records FIRST + D .. FIRST + D + L - 1, all due then: a delayed batch). A publish
+-- appends to the highest chunk of its bucket while that stays under DUE_CAP bytes, else
+-- starts the next. A record costs a few bytes of a chunk instead of a sorted-set member of
+-- its own; reading a due time means reading its bucket's chunks.
+
+local DUE_W = 100
+local DUE_CAP = 480
+
+-- The start of the bucket of due time t (ms).
+local function due_bucket(t)
+  return t - t % DUE_W
+end
+
+-- The highest chunk of the bucket starting at bs: member, K, FIRST, COUNT and ENTRIES, or
+-- nil when the bucket has none. A member that is no chunk (written by hand) fails
+-- (WRONGTYPE) before anything is written.
+local function due_top(key, bs)
+  local bs_s = fmt(bs)
+  local top = redis.call('ZRANGE', key, bs_s, bs_s, 'BYSCORE', 'REV', 'LIMIT', '0', '1')[1]
+  if not top then return nil end
+  local k, f, c, rest = s_match(top, '^(%d+):(%d+):(%d+):(.*)$')
+  if not k then fail('WRONGTYPE', 'member ' .. s_sub(top, 1, 40) .. ' of ' .. key .. ' is not a due index chunk') end
+  return {member = top, k = tonumber(k), first = tonumber(f), count = tonumber(c), entries = rest}
+end
+
+-- Adds the count records first.. first + count - 1, all due at due (ms), to the index;
+-- top is due_top's answer for due's bucket, read before the caller's first write.
+local function due_add(key, due, first, count, top)
+  local bs = due_bucket(due)
+  local tail = (count > 1 and ('+' .. fmt(count)) or '') .. '.' .. fmt(due - bs)
+  local k = 0
+  if top then
+    local d = first - top.first
+    local e = fmt(d) .. tail
+    if d >= 0 and #top.member + #e + 1 <= DUE_CAP then
+      redis.call('ZREM', key, top.member)
+      redis.call('ZADD', key, fmt(bs), s_format('%06d', top.k) .. ':' .. fmt(top.first) .. ':'
+        .. fmt(top.count + count) .. ':' .. top.entries .. ';' .. e)
+      return
+    end
+    k = top.k + 1
+  end
+  redis.call('ZADD', key, fmt(bs), s_format('%06d', k) .. ':' .. fmt(first) .. ':' .. fmt(count) .. ':0' .. tail)
+end
+
+-- The entries of the chunks ms (members, from bucket bs) as ranges: three parallel lists
+-- (due, first offset, last offset), sorted by due time, then offset. Members that are no
+-- chunk are left out.
+local function due_ranges(ms, bs)
+  local rd, ra, rz = {}, {}, {}
+  for _, m in ipairs(ms) do
+    local f, rest = s_match(m, '^%d+:(%d+):%d+:(.*)$')
+    if f then
+      f = tonumber(f)
+      for d, l, dd in string.gmatch(rest, '(%d+)%+?(%d*)%.(%d+)') do
+        local a = f + tonumber(d)
+        rd[#rd + 1], ra[#ra + 1], rz[#rz + 1] = bs + tonumber(dd), a, a + (tonumber(l) or 1) - 1
+      end
+    end
+  end
+  local n = #rd
+  if n > 1 then
+    local order = {}
+    for i = 1, n do order[i] = i end
+    table.sort(order, function(x, y)
+      if rd[x] ~= rd[y] then return rd[x] < rd[y] end
+      return ra[x] < ra[y]
+    end)
+    local d2, a2, z2 = {}, {}, {}
+    for i, j in ipairs(order) do d2[i], a2[i], z2[i] = rd[j], ra[j], rz[j] end
+    rd, ra, rz = d2, a2, z2
+  end
+  return rd, ra, rz
+end
+
+-- The ranges of the bucket starting at bs (all its chunks), as due_ranges gives them.
+local function due_bucket_ranges(key, bs)
+  local bs_s = fmt(bs)
+  return due_ranges(redis.call('ZRANGEBYSCORE', key, bs_s, bs_s), bs)
+end
+
+-- The start of the first non-empty bucket at or after from (ms) and at or before to (a
+-- number or '+inf'), or nil.
+local function due_next_bucket(key, from, to)
+  local r = redis.call('ZRANGEBYSCORE', key, fmt(from), to, 'WITHSCORES', 'LIMIT', '0', '1')
+  if #r == 0 then return nil end
+  return tonumber(r[2])
+end
+
+-- True when the index holds record off with due time t. cache: a table kept for one
+-- call (bucket start -> its ranges), so that a scan passing over many records reads each
+-- bucket once.
+local function due_holds(key, off, t, cache)
+  local bs = due_bucket(t)
+  local b = cache[bs]
+  if not b then
+    local rd, ra, rz = due_bucket_ranges(key, bs)
+    b = {rd, ra, rz}
+    cache[bs] = b
+  end
+  local rd, ra, rz = b[1], b[2], b[3]
+  for i = 1, #rd do
+    if rd[i] == t and ra[i] <= off and off <= rz[i] then return true end
+  end
+  return false
+end
+
+-- The earliest due time after t (ms) of an entry of the index, or nil: from the bucket of
+-- t and the first non-empty bucket after it.
+local function due_after(key, t)
+  local bs = due_bucket(t)
+  local rd = due_bucket_ranges(key, bs)
+  for i = 1, #rd do
+    if rd[i] > t then return rd[i] end
+  end
+  local nb = due_next_bucket(key, bs + DUE_W, '+inf')
+  if not nb then return nil end
+  rd = due_bucket_ranges(key, nb)
+  return rd[1]
+end
+
+-- The records of the index due after t (ms): COUNT of the chunks of later buckets, the
+-- entries of t's bucket one by one.
+local function due_count_after(key, t)
+  local bs = due_bucket(t)
+  local n = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(bs), '+inf')) do
+    n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):')) or 0)
+  end
+  local rd, ra, rz = due_bucket_ranges(key, bs)
+  for i = 1, #rd do
+    if rd[i] > t then n = n + rz[i] - ra[i] + 1 end
+  end
+  return n
+end
+
+-- Calls fn(due, first, last) for every range of the index with a due time in (from, to]
+-- (ms), bucket by bucket in due order.
+local function due_each(key, from, to, fn)
+  local bs = due_bucket(from)
+  while true do
+    local b = due_next_bucket(key, bs, fmt(to))
+    if not b then return end
+    local rd, ra, rz = due_bucket_ranges(key, b)
+    for i = 1, #rd do
+      if rd[i] > from and rd[i] <= to then fn(rd[i], ra[i], rz[i]) end
+    end
+    bs = b + DUE_W
+  end
+end
+
+-- The latest due time of the index, or nil.
+local function due_latest(key)
+  local last = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', '0', '1', 'WITHSCORES')
+  if #last == 0 then return nil end
+  local rd = due_bucket_ranges(key, tonumber(last[2]))
+  local latest = nil
+  for i = 1, #rd do
+    if not latest or rd[i] > latest then latest = rd[i] end
+  end
+  return latest
+end
+
+-- Removes the chunks of the buckets all of whose due times are at or before bound (ms);
+-- returns the records they held.
+local function due_prune(key, bound)
+  local upto = fmt(due_bucket(bound + 1) - 1)
+  local n = 0
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', upto)
+  if #gone == 0 then return 0 end
+  for _, m in ipairs(gone) do n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):')) or 0) end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', upto)
+  return n
+end
