@@ -1371,12 +1371,17 @@ def test_trimming_keeps_the_due_time_a_group_stands_inside(
     redis_client: felix_redis.Client, raw: redis.Redis
 ) -> None:
     """stream_trim prunes the due index up to every group's due cursor, but not the due
-    time a group is inside of: its records not handed out yet still come."""
+    time a group is inside of: its records not handed out yet still come. (The due time
+    is the last ms of its 100 ms bucket: a cursor there has passed the whole bucket but
+    for the records above its last offset.)"""
     client = redis_client
     setup(client)
-    published = client.publish_batch(T, N, S, [b"d%d" % i for i in range(100)], delay=0.3)
+    at_ms = server_ms(raw) + 400
+    at_ms += 99 - at_ms % 100
+    at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
+    published = client.publish_batch(T, N, S, [b"d%d" % i for i in range(100)], deliver_at=at)
     _passed_over(client, raw, 100)
-    wait_server(raw, server_ms(raw) + 350)
+    wait_server(raw, at_ms + 1)
     got = poll(client, n=10)
     client.group_ack_many(T, N, S, 0, G, got)
     client.stream_trim(T, N, S)
