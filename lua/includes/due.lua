@@ -116,17 +116,37 @@ local function due_holds(key, off, t, cache)
 end
 
 -- The earliest due time after t (ms) of an entry of the index, or nil: from the bucket of
--- t and the first non-empty bucket after it.
+-- t on, usually one command (a page of chunks; a bucket's start is at most its due times,
+-- so the buckets after the one holding the answer are not read).
 local function due_after(key, t)
-  local bs = due_bucket(t)
-  local rd = due_bucket_ranges(key, bs)
-  for i = 1, #rd do
-    if rd[i] > t then return rd[i] end
+  local from = fmt(due_bucket(t))
+  local best = nil
+  for _ = 1, 64 do
+    local got = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', '0', '8')
+    local i, n = 1, #got
+    if n == 0 then return best end
+    while i <= n do
+      local score = got[i + 1]
+      if best and tonumber(score) > best then return best end
+      local j, ms = i, {}
+      while j <= n and got[j + 1] == score do
+        ms[#ms + 1] = got[j]
+        j = j + 2
+      end
+      if j > n and n == 16 then
+        -- the page ends inside this bucket: all of it
+        ms = redis.call('ZRANGEBYSCORE', key, score, score)
+      end
+      local rd = due_ranges(ms, tonumber(score))
+      for k = 1, #rd do
+        if rd[k] > t and (not best or rd[k] < best) then best = rd[k] end
+      end
+      i = j
+    end
+    if n < 16 then return best end
+    from = '(' .. got[n]
   end
-  local nb = due_next_bucket(key, bs + DUE_W, '+inf')
-  if not nb then return nil end
-  rd = due_bucket_ranges(key, nb)
-  return rd[1]
+  return best
 end
 
 -- The records of the index due after t (ms): COUNT of the chunks of later buckets, the
