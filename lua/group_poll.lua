@@ -309,13 +309,14 @@ end
 local DUE_BUCKETS = 16
 local want = max_records - n
 if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
-  local toff, tm, ta = {}, {}, {}
-  local room = want
+  local ranges = {}  -- the offsets to hand out, as {first, last} in hand-out order
+  local room, given = want, 0
   local cur, doff = S.dcur, S.doff
   local bs = due_bucket(cur)
   local full = false
-  for _ = 1, DUE_BUCKETS do
-    local b = due_next_bucket(K.due, bs, fmt(dnow))
+  for step = 1, DUE_BUCKETS do
+    -- (standing inside a due time, its bucket has records: no need to look for it)
+    local b = (step == 1 and doff) and bs or due_next_bucket(K.due, bs, fmt(dnow))
     if not b then
       -- everything due by dnow is handled
       cur, doff = dnow, false
@@ -335,10 +336,8 @@ if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
           give = room
           full = true
         end
-        for o = a, a + give - 1 do
-          toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = o, fmt(o), 1
-        end
-        room = room - give
+        if give > 0 then ranges[#ranges + 1] = {a, a + give - 1} end
+        room, given = room - give, given + give
         cur = t
         if full then
           doff = a + give - 1
@@ -357,9 +356,28 @@ if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
       break
     end
   end
-  if #toff > 0 then
-    S.sk = math.max(0, S.sk - #toff)
-    deliver(toff, tm, ta)
+  if given > 0 then
+    S.sk = math.max(0, S.sk - given)
+    for _, rg in ipairs(ranges) do
+      local a, z = rg[1], rg[2]
+      local a_s, z_s = fmt(a), fmt(z)
+      local es = redis.call('XRANGE', K.log, a_s, z_s, 'COUNT', fmt(z - a + 1))
+      if #es == z - a + 1 and s_find(es[1][1], a_s .. '-', 1, true) == 1
+          and s_find(es[#es][1], z_s .. '-', 1, true) == 1 and all_out(es, 1, #es, cur) then
+        -- the usual case: one entry per offset, all due and none expired: into the reply
+        -- at once, one lease
+        if consumer ~= '' then
+          for o = a, z do lease(fmt(o), 1) end
+        end
+        put(es, 1, #es, 1)
+        lfirst[#lfirst + 1] = a_s
+        llast[#llast + 1] = z_s
+      else
+        local toff, tm, ta = {}, {}, {}
+        for o = a, z do toff[#toff + 1], tm[#tm + 1], ta[#ta + 1] = o, fmt(o), 1 end
+        deliver(toff, tm, ta)
+      end
+    end
   end
   S.dcur, S.doff = cur, doff
   dnow = cur

@@ -58,18 +58,22 @@ end
 -- chunk are left out.
 local function due_ranges(ms, bs)
   local rd, ra, rz = {}, {}, {}
+  local n, sorted, pd, pa = 0, true, -1, -1
   for _, m in ipairs(ms) do
     local f, rest = s_match(m, '^%d+:(%d+):%d+:(.*)$')
     if f then
       f = tonumber(f)
       for d, l, dd in string.gmatch(rest, '(%d+)%+?(%d*)%.(%d+)') do
-        local a = f + tonumber(d)
-        rd[#rd + 1], ra[#ra + 1], rz[#rz + 1] = bs + tonumber(dd), a, a + (tonumber(l) or 1) - 1
+        local a, t = f + tonumber(d), bs + tonumber(dd)
+        n = n + 1
+        rd[n], ra[n], rz[n] = t, a, a + (tonumber(l) or 1) - 1
+        -- (appended in publish order, the entries are often in order already)
+        if t < pd or (t == pd and a < pa) then sorted = false end
+        pd, pa = t, a
       end
     end
   end
-  local n = #rd
-  if n > 1 then
+  if n > 1 and not sorted then
     local order = {}
     for i = 1, n do order[i] = i end
     table.sort(order, function(x, y)
