@@ -7,6 +7,8 @@ work on plain records (no delay, expiry or headers):
   group's scan already passed over them) against per waiting plain record (published,
   never delivered); the delayed records' share includes the log fields ``d``, the shard's
   due index and whatever the group keeps;
+- **memory, one by one**: the same, for records published one call each, the delayed
+  ones as densely due as the issue's 1,000,000 over an hour;
 - **poll with scheduled**: the drain rate of plain records (``group_poll(16, ack=the
   previous batch)``) on a shard that also holds ``--scheduled`` delayed records not yet
   due, against the same drain on a shard with none;
@@ -109,6 +111,32 @@ def memory_ratio(client: felix_redis.Client, records: int) -> dict[str, Any]:
             "scheduled": info.scheduled, "pending": info.pending}
 
 
+def memory_singles(client: felix_redis.Client, records: int) -> dict[str, Any]:
+    """Memory per record published one by one (a call each), delayed records due over
+    records / 1,000,000 hours from an hour on (the density of the issue's 1,000,000 due
+    over an hour: about 28 due in each 100 ms bucket of the due index), against plain
+    records published one by one."""
+    for stream in ("one-plain", "one-delayed"):
+        client.stream_create(T, N, stream, shards=1)
+        client.group_create(T, N, stream, "g")
+    gc.collect()
+    before = used_memory(client)
+    for _ in range(records):
+        client.publish(T, N, "one-plain", PAYLOAD, shard=0)
+    plain = (used_memory(client) - before) / records
+    span = 3600.0 * records / 1_000_000
+    before = used_memory(client)
+    for i in range(records):
+        client.publish(T, N, "one-delayed", PAYLOAD, shard=0, delay=3600 + span * i / records)
+    if client.group_poll(T, N, "one-delayed", 0, "g", max_records=10_000):
+        raise RuntimeError("a delayed record was handed out before it was due")
+    delayed = (used_memory(client) - before) / records
+    info = client.group_describe(T, N, "one-delayed", "g").shards[0]
+    return {"records": records, "due_over_s": span, "plain_bytes_per_record": round(plain, 1),
+            "delayed_bytes_per_record": round(delayed, 1), "ratio": round(delayed / plain, 3),
+            "scheduled": info.scheduled}
+
+
 def poll_with_scheduled(client: felix_redis.Client, scheduled: int, jobs: int, rounds: int) -> dict[str, Any]:
     for stream in ("poll-none", "poll-sched"):
         client.stream_create(T, N, stream, shards=1)
@@ -165,6 +193,8 @@ def due_drain(client: felix_redis.Client, jobs: int, rounds: int) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000, help="waiting records for the memory ratio")
+    parser.add_argument("--single-records", type=int, default=100_000,
+                        help="records published one by one for the second memory ratio")
     parser.add_argument("--scheduled", type=int, default=100_000, help="delayed records held while draining")
     parser.add_argument("--drain", type=int, default=20_000, help="records per drain")
     parser.add_argument("--rounds", type=int, default=5,
@@ -177,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = {
                 "server": client.redis.info("server")["redis_version"],
                 "memory": memory_ratio(client, args.records),
+                "memory_one_by_one": memory_singles(client, args.single_records),
                 "poll_with_scheduled": poll_with_scheduled(client, args.scheduled, args.drain, args.rounds),
                 "due_drain": due_drain(client, args.drain, args.rounds),
             }
