@@ -1,6 +1,7 @@
 -- group_poll: hand out up to max_records records under a lease: due redeliveries first
--- (by due time), then new records in offset order. Each delivery adds one to the
--- record's attempts. A lapsed lease counts as a failed delivery; a record whose failed
+-- (by due time), then delayed records the group passed over that came due (from the due
+-- index, lua/includes/due.lua), then new records in offset order. Each delivery adds one
+-- to the record's attempts. A lapsed lease counts as a failed delivery; a record whose failed
 -- deliveries reached max_attempts becomes a dead letter instead of being handed out.
 -- Scripts never block: the reply says when the next owed record or lease falls due and
 -- where to block (log tail, wake sequence) so no wake-up is missed.
