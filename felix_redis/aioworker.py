@@ -21,9 +21,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from felix_redis import _tracing
 from felix_redis import worker as _worker
 from felix_redis._runtime import Finished, Job, WorkerBase, drive_async, is_async_handler
 from felix_redis.errors import InvalidArgument
+from felix_redis.models import Record
 
 if TYPE_CHECKING:
     from felix_redis.asyncio import AsyncShardedGroup
@@ -148,17 +150,24 @@ class AsyncWorker(WorkerBase):
     async def _run_job(self, job: Job) -> None:
         record = job.item.record
         try:
-            if self.hard_limit_s is None:
-                await self.handler(record)
+            if _tracing.process is None:
+                await self._call(record)
             else:
-                try:
-                    await asyncio.wait_for(self.handler(record), self.hard_limit_s)
-                except asyncio.TimeoutError:
-                    raise HardLimitExceeded(f"handler ran past the hard limit of {self.hard_limit_s:g}s") from None
+                with _tracing.process(self, job.item):
+                    await self._call(record)
         except Exception as exc:  # a cancellation (shutdown hands the record back) goes on
             await drive_async(self._failed_plan(job, exc))
         else:
             self._succeeded(job)
+
+    async def _call(self, record: Record) -> None:
+        if self.hard_limit_s is None:
+            await self.handler(record)
+            return
+        try:
+            await asyncio.wait_for(self.handler(record), self.hard_limit_s)
+        except asyncio.TimeoutError:
+            raise HardLimitExceeded(f"handler ran past the hard limit of {self.hard_limit_s:g}s") from None
 
     def _add_finished(self, job: Job, duration: float) -> None:
         self._finished.append((job, duration, time.monotonic()))

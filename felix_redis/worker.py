@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from felix_redis import _tracing
 from felix_redis._runtime import (
     Backoff,
     Decision,
@@ -217,7 +218,11 @@ class Worker(WorkerBase):
             if job is None:
                 return
             try:
-                self.handler(job.item.record)
+                if _tracing.process is None:
+                    self.handler(job.item.record)
+                else:
+                    with _tracing.process(self, job.item):
+                        self.handler(job.item.record)
             except BaseException as exc:  # a thread has no one above it to catch SystemExit
                 drive(self._failed_plan(job, exc))
             else:
