@@ -178,8 +178,8 @@ local function put(es, i, j, attempts)
 end
 
 -- True when every entry of es[i..j] is handed out as it is: a plain record, or one due
--- by due_by that has not expired.
-local function all_out(es, i, j, due_by)
+-- by due_by (before it when strict) that has not expired.
+local function all_out(es, i, j, due_by, strict)
   for k = i, j do
     local f = es[k][2]
     if not (f[1] == 'p' and (f[3] == nil or (f[3] == 'k' and f[5] == nil))) then
@@ -189,7 +189,7 @@ local function all_out(es, i, j, due_by)
       else
         d, x = select(4, record_fields(f))
       end
-      if d and tonumber(d) > due_by then return false end
+      if d and (tonumber(d) > due_by or (strict and tonumber(d) == due_by)) then return false end
       if x and tonumber(x) <= now then return false end
     end
   end
@@ -388,9 +388,9 @@ end
 -- 4. New records, in offset order. Where the range may hold timed records (at or below
 -- meta's tlast) each is looked at: a delayed one not yet due is passed over (counted in
 -- sk; 3b hands it out once due), an expired one dead-lettered; the scan goes on past
--- them, up to a bound (more: the caller polls again at once). (The due cursor stands
--- inside a due time only when 3b filled the poll: the scan then takes nothing, so it
--- never meets a record of that due time that the due index still has to hand out.)
+-- them, up to a bound (more: the caller polls again at once). While the due cursor
+-- stands inside a due time (3b filled the poll, but some of what it took were expired or
+-- trimmed), records of that due time are passed over too: 3b hands them out.
 want = max_records - n
 local scanned, more, wide = 0, false, false
 local held_by_due = {}  -- the due index's buckets read by this scan
@@ -406,7 +406,7 @@ while want > 0 and S.next < S.tail do
   local count = #entries
   scanned = scanned + count
   if count > 0 and page == want and s_find(entries[count][1], fmt(first + count - 1) .. '-', 1, true) == 1
-      and (S.tlast < first or all_out(entries, 1, count, dnow)) then
+      and (S.tlast < first or all_out(entries, 1, count, dnow, S.doff)) then
     -- dense (nothing trimmed in between, the usual case): offsets follow from the order,
     -- and the records take one lease (anonymous first deliveries, the usual case, have
     -- no attempts nor owner to write)
@@ -432,7 +432,7 @@ while want > 0 and S.next < S.tail do
         if off <= S.tlast and not plain_fields(f) then
           local _, _, _, d, x = record_fields(f)
           local dt = d and tonumber(d)
-          if dt and K.due and dt > dnow and due_holds(K.due, off, dt, held_by_due) then
+          if dt and K.due and (dt > dnow or (S.doff and dt == dnow)) and due_holds(K.due, off, dt, held_by_due) then
             verdict = 'later'
           elseif x and tonumber(x) <= now then
             verdict = 'expired'

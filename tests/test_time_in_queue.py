@@ -1446,3 +1446,33 @@ def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
         got += [r.offset for r in batch_]
         client.group_ack_many(T, N, S, 0, G, batch_)
     assert got == [p.offset for p in batch] + singles
+
+
+def test_records_expired_inside_a_shared_due_time_do_not_let_the_scan_hand_out_the_rest_twice(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """4,300 records due at one moment but expired by then, and 200 more due at the same
+    moment, some of which the group's scan had not reached: while the due index hands out (here:
+    dead-letters) the expired ones poll by poll, the polls' scans meet the others and
+    must leave them to the due index, so each comes once."""
+    client = redis_client
+    setup(client)
+    at_ms = server_ms(raw) + 1500
+    at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
+    client.publish_batch(T, N, S, [b"a%d" % i for i in range(4300)], deliver_at=at, expires_in=0.5)
+    later = client.publish_batch(T, N, S, [b"b%d" % i for i in range(200)], deliver_at=at)
+    name = client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_keys(0, G), name.due_key(0)]
+    # one poll's bounded scan (4 x 1 + 4,096 records, in pages) stops inside the 200
+    assert run_script(client, "group_poll", keys, ["1", "", "0"])[4] == 0
+    assert 4300 < int(raw.hget(_group_key(client), "next")) < 4500
+    wait_server(raw, at_ms + 20)
+    seen: list[int] = []
+    for _ in range(600):
+        got = poll(client, n=16)
+        seen += [r.offset for r in got]
+        client.group_ack_many(T, N, S, 0, G, got)
+        if len(seen) >= 200 and state(client).unfinished == 0:
+            break
+    assert sorted(seen) == [p.offset for p in later] and len(seen) == len(set(seen))
+    assert len(dead(client)) == 4300 and {reason for _, _, reason in dead(client)} == {"expired"}
