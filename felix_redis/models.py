@@ -185,7 +185,8 @@ class ShardState:
 
     ``lag`` is tail - position: it also counts finished records above a position held
     back by an unfinished one. ``unfinished`` is what the group still has to finish:
-    pending + owed + in flight (the number to alert on, with the oldest unfinished age).
+    pending + owed + in flight + scheduled (the number to alert on, with the oldest
+    unfinished age).
     ``trimmed``: records retention removed before this group finished them.
     ``scheduled``: delayed records not yet due (neither pending nor owed; lag counts
     them, unfinished too). ``rate_limit``: (count, per_seconds) or None, the group's."""

@@ -220,9 +220,10 @@ async def _run_async(url: str | None, where: tuple[str, str, str, str], fn: Any,
 @connection_options
 @click.pass_context
 def metrics(ctx: click.Context, listen: str, scope: str, redis_url: str | None, tenant: str, namespace: str) -> None:
-    """Serve Prometheus metrics of every group: per stream, group and shard the lag,
-    pending, owed, in-flight and dead-letter counts, the position and the age of the
-    oldest unfinished record. Redis is read at each scrape. Stops on SIGTERM/SIGINT."""
+    """Serve Prometheus metrics of every group: per stream, group and shard the unfinished
+    records (the number to alert on), the lag, pending, scheduled, owed, in-flight and
+    dead-letter counts, the position and the age of the oldest unfinished record. Redis
+    is read at each scrape. Stops on SIGTERM/SIGINT."""
     try:
         from felix_redis.metrics import serve
     except ImportError:

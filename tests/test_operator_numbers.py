@@ -184,6 +184,9 @@ def test_docs_say_an_older_claim_of_an_unfinished_record_is_acked(client: felix_
     cli = " ".join((DOCS / "cli.md").read_text().split())
     assert "A claim whose lease lapsed or that was delivered again since is stale: 1" not in cli
     assert "an older claim of a record still unfinished (owed, or in flight under a newer lease) finishes it" in cli
+    # ack settles each claim on its own, a malformed one too: it is not among the commands refused whole
+    assert "Commands that take several claims (`ack`," not in cli
+    assert "`ack` settles each claim on its own" in cli
 
 
 # -- 4. a refused redrive prints no count
@@ -331,6 +334,18 @@ def test_nack_of_attempts_from_the_future_says_no_delivery_matches(
         client.group_nack(T, N, S, 0, G, "0:3:7")
     message = str(raised.value)
     assert "does not match any delivery" in message and "delivered again" not in message
+
+
+def test_the_cli_says_the_same_for_an_oversize_single_publish_and_a_nack_from_the_future(
+        redis_url: str, raw: redis.Redis) -> None:
+    assert felixctl(redis_url, "stream", "create", S, "--max-payload", "10").returncode == 0
+    big = felixctl(redis_url, "pub", S, "x" * 11)
+    assert big.returncode != 0 and "the payload is 11 bytes" in big.stderr and "payload 0" not in big.stderr
+    assert felixctl(redis_url, "group", "create", S, G).returncode == 0
+    assert felixctl(redis_url, "pub", S, "r").returncode == 0
+    assert felixctl(redis_url, "group", "poll", S, G).returncode == 0
+    future = felixctl(redis_url, "group", "nack", S, G, "0:0:7")
+    assert future.returncode != 0 and "does not match any delivery" in future.stderr, future.stderr
 
 
 # -- CLI help and options
