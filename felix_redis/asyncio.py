@@ -417,9 +417,7 @@ class AsyncClient(_AwaitsToItself):
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        extras = None
-        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
-            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         return await self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
 
     async def publish_keyed(
@@ -650,9 +648,7 @@ class AsyncIdempotentProducer:
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        extras = None
-        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
-            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         async with self._lock:
             return await self._client._drive(self._client.core.publish_one(
                 tenant, namespace, stream, payload, shard, key, self._state, extras))

@@ -142,7 +142,7 @@ class Caches:
         plain = _plain(*where)
         hit = self.groups.get(where) if plain else None
         if hit is None or hit[0].spread != name.spread:
-            keys = [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)]
+            keys = [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)]
             hit = (name, name.path, keys, f"group {group} on stream {name.path} shard {shard}")
             if plain:
                 _remember(self.groups, where, hit)

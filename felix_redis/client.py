@@ -414,9 +414,7 @@ class Client:
         str to str, returned on the record (docs/concepts.md)."""
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        extras = None
-        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
-            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         return self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
 
     def publish_keyed(
@@ -752,9 +750,7 @@ class IdempotentProducer:
     ) -> Published:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        extras = None
-        if delay is not None or deliver_at is not None or expires_in is not None or headers is not None:
-            extras = publish_extras(delay, deliver_at, expires_in, headers)
+        extras = publish_extras(delay, deliver_at, expires_in, headers)
         with self._state.lock:
             return self._client._drive(self._client.core.publish_one(
                 tenant, namespace, stream, payload, shard, key, self._state, extras))

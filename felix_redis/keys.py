@@ -191,7 +191,7 @@ class StreamName:
         """The set of group names on one shard."""
         return f"{self.base(shard)}:groups"
 
-    def group_keys(self, shard: int, group: str) -> list[str]:
+    def group_key_list(self, shard: int, group: str) -> list[str]:
         """The keys of one group on one shard as scripts take them: a list in
         GROUP_ROLES order. (``Client.group_keys`` gives them by shard and role.)"""
         g = f"{self.base(shard)}:g:{group}"

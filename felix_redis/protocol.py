@@ -437,7 +437,7 @@ class Core:
                     "SMEMBERS", name.groups_key(shard), key=name.groups_key(shard)))]
                 keys = name.info_keys(shard)
                 for group in groups:
-                    keys += name.group_keys(shard, group)
+                    keys += name.group_key_list(shard, group)
                 keys += [name.due_key(shard), *schedule_keys(name, shard)]
                 try:
                     existed = yield Eval(
@@ -700,7 +700,7 @@ class Core:
         settings = yield from self.settings(name)
         name = self.cache.laid(name, settings)
         context = f"group {group} on stream {name.path}"
-        group_key = name.group_keys(0, group)[0]
+        group_key = name.group_key_list(0, group)[0]
         kind = as_text((yield Cmd("TYPE", group_key, key=group_key)))
         if kind == "hash":
             raise GroupExists(f"{context}: group exists already")
@@ -716,7 +716,7 @@ class Core:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_create",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard),
+                    [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard),
                      name.groups_key(shard)],
                     [group, start_arg, vt, attempts, 1 if shard == 0 else 0, check, rate],
                     f"{context} shard {shard}", 0 if check else settings.replicas,
@@ -748,7 +748,7 @@ class Core:
             for shard in range(settings.shards):
                 yield Eval(
                     "group_configure",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)],
+                    [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)],
                     [vt, attempts, check, rate], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
                 )
@@ -767,8 +767,8 @@ class Core:
         shards = range(settings.shards) if shard is None else [self.shard_of(name, settings, shard)]
         roles = ("meta", "log", "groups", *GROUP_ROLES, "due")
         return {
-            s: dict(zip(roles, [*name.shard_keys(s), name.groups_key(s), *name.group_keys(s, group), name.due_key(s)],
-                        strict=True))
+            s: dict(zip(roles, [*name.shard_keys(s), name.groups_key(s), *name.group_key_list(s, group),
+                                name.due_key(s)], strict=True))
             for s in shards
         }
 
@@ -789,7 +789,7 @@ class Core:
             for shard in reversed(range(settings.shards)):
                 yield Eval(
                     "group_delete",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard),
+                    [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard),
                      name.groups_key(shard)],
                     [group, check], f"group {group} on stream {name.path} shard {shard}",
                     0 if check else settings.replicas,
@@ -1067,7 +1067,7 @@ class Core:
             try:
                 r = yield Eval(
                     "group_describe",
-                    [*name.shard_keys(shard), *name.group_keys(shard, group), name.due_key(shard)], [],
+                    [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)], [],
                     f"group {group} on stream {name.path} shard {shard}",
                 )
             except NotFound:

@@ -21,7 +21,7 @@ TRIM_ROLES = ("group", "redo")
 
 def trim_keys(name: StreamName, shard: int, group: str) -> list[str]:
     """The keys of ``group`` on ``shard`` that stream_trim takes (:data:`TRIM_ROLES`)."""
-    keys = name.group_keys(shard, group)
+    keys = name.group_key_list(shard, group)
     return [keys[GROUP_ROLES.index(role)] for role in TRIM_ROLES]
 
 

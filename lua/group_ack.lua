@@ -19,7 +19,7 @@
 require_group_role('group.consume')
 if #ARGV < 1 or #ARGV > 10000 then fail('INVALID', 'ack takes 1 to 10000 offsets') end
 local ms, offs = offset_args(1)
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local out = ack_many(K, S, ms, offs, true, true)
 save_group(K, S)

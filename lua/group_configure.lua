@@ -16,7 +16,7 @@
 -- Errors: FELIX_NOPERM (no group.manage role), FELIX_NOT_FOUND, FELIX_INVALID, FELIX_WRONGTYPE.
 --- @include "group"
 require_group_role('group.manage')
-local K = group_keys()
+local K = group_role_keys()
 local vt, max
 if ARGV[1] ~= '' then vt = int_arg(ARGV[1], 'visibility_timeout_ms', 1, 604800000) end
 if ARGV[2] ~= '' then max = int_arg(ARGV[2], 'max_attempts', 1, 1000000) end

@@ -24,7 +24,7 @@
 --- @include "group"
 --- @include "due"
 require_group_role('group.manage')
-local K = group_keys()
+local K = group_role_keys()
 local name, start = ARGV[1], ARGV[2]
 if name ~= group_shape().group then
   fail('INVALID', 'ARGV[1] names group ' .. tostring(name) .. ', KEYS are those of group ' .. group_shape().group)

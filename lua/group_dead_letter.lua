@@ -19,7 +19,7 @@ local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
 local reason = ARGV[3] or ''
 if #reason > 4096 then fail('INVALID', 'reason is ' .. fmt(#reason) .. ' bytes; at most 4096') end
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local now = now_ms()
 check_claim(K, S, off, attempts, now)

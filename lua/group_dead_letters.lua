@@ -7,6 +7,6 @@
 -- Returns: flat list OFFSET, "ATTEMPTS|MS|REASON", ... in no particular order.
 -- Errors: FELIX_NOT_FOUND, FELIX_WRONGTYPE.
 --- @include "group"
-local K = group_keys()
+local K = group_role_keys()
 load_group(K)
 return redis.call('HGETALL', K.dead)

@@ -17,7 +17,7 @@
 -- group's), FELIX_WRONGTYPE.
 --- @include "group"
 require_group_role('group.manage')
-local K = group_keys()
+local K = group_role_keys()
 if ARGV[1] ~= group_shape().group then
   fail('INVALID', 'ARGV[1] names group ' .. tostring(ARGV[1]) .. ', KEYS are those of group ' .. group_shape().group)
 end

@@ -20,7 +20,7 @@
 --- @include "runs"
 --- @include "records"
 --- @include "due"
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local now = now_ms()
 local position = S.pos

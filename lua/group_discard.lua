@@ -15,7 +15,7 @@
 --- @include "group"
 --- @include "dead_letters"
 require_group_role('group.manage')
-local K = group_keys()
+local K = group_role_keys()
 load_group(K)
 local targets, cursor = dead_targets(K, 'discard')
 local count = 0

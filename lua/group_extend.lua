@@ -18,7 +18,7 @@ local off = int_arg(ARGV[1], 'offset', 0, 2 ^ 52)
 local attempts = int_arg(ARGV[2], 'attempts', 1, 2 ^ 52)
 local by
 if ARGV[3] ~= '' then by = int_arg(ARGV[3], 'extend by_ms', 1, 604800000) end
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local now = now_ms()
 local m, lease = check_claim(K, S, off, attempts, now)

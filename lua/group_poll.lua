@@ -39,7 +39,7 @@ local consumer, reclaim = ARGV[2], ARGV[3] == '1'
 if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
 local acks, ack_offs = nil, nil
 if #ARGV > 3 then acks, ack_offs = offset_args(4) end
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local now = now_ms()
 -- due times are compared with the due cursor's clock, which never goes back (a

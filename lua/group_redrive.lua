@@ -16,7 +16,7 @@
 --- @include "group"
 --- @include "dead_letters"
 require_group_role('group.manage')
-local K = group_keys()
+local K = group_role_keys()
 local S = load_group(K)
 local targets, cursor = dead_targets(K, 'redrive', true)
 local now = now_ms()

@@ -26,7 +26,7 @@ T, N, S, G = "acme", "prod", "jobs", "workers"
 
 def keys(client: felix_redis.Client) -> list[str]:
     name = client.core.name(T, N, S)
-    return [*name.shard_keys(0), *name.group_keys(0, G)]
+    return [*name.shard_keys(0), *name.group_key_list(0, G)]
 
 
 def fcall(raw: redis.Redis, script: str, ks: list[str], args: list[Any]) -> Any:

@@ -342,8 +342,8 @@ def test_a_role_on_one_group_cannot_be_used_on_another_groups_keys(
     admin.group_dead_letter(*a, 0, "workers", r, reason="x")
     u = make_user(("group.manage", "acme", "jobs", "other"), ("group.consume", "acme", "jobs", "workers"))
     name = admin.core.name(*a)
-    workers = name.group_keys(0, "workers")
-    other = name.group_keys(0, "other")
+    workers = name.group_key_list(0, "workers")
+    other = name.group_key_list(0, "other")
     before = dump_keyspace(raw)
     for keys in ([*name.shard_keys(0), other[0], *workers[1:]], [*name.shard_keys(0), *other[:-1], workers[-1]]):
         with pytest.raises(redis.ResponseError, match="FELIX_INVALID KEYS"):

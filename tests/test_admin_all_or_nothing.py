@@ -69,7 +69,7 @@ def c(redis_url: str, raw: redis.Redis) -> Iterator[felix_redis.Client]:
 def group_shards(c: felix_redis.Client, raw: redis.Redis, group: str) -> list[int]:
     """The shards whose group hash exists."""
     name = c.core.name(T, N, S)  # laid out as the stream's shard 0 says (spread tags)
-    return [shard for shard in range(SHARDS) if raw.exists(name.group_keys(shard, group)[0])]
+    return [shard for shard in range(SHARDS) if raw.exists(name.group_key_list(shard, group)[0])]
 
 
 def meta_shards(c: felix_redis.Client, raw: redis.Redis, stream: str) -> list[int]:
@@ -164,7 +164,7 @@ def test_safe_admin_calls_are_sent_again_and_complete_in_the_same_call(
         c.group_configure(T, N, S, G, max_attempts=9)
         assert c.group_describe(T, N, S, G).max_attempts == 9
         name = c.core.name(T, N, S)
-        assert {int(raw.hget(name.group_keys(s, G)[0], "max") or 0) for s in range(SHARDS)} == {9}
+        assert {int(raw.hget(name.group_key_list(s, G)[0], "max") or 0) for s in range(SHARDS)} == {9}
     assert len(seen) > SHARDS + 2  # the lost call was sent again
 
 

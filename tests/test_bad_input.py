@@ -620,7 +620,7 @@ def role_key(c: felix_redis.Client, role: str, group: str = G, shard: int = 0, s
         return name.shard_keys(shard)[SHARD_ROLES.index(role)]
     if role == "groups":
         return name.groups_key(shard)
-    return name.group_keys(shard, group)[GROUP_ROLES.index(role)]
+    return name.group_key_list(shard, group)[GROUP_ROLES.index(role)]
 
 
 def plant(r: Any, key: str) -> None:

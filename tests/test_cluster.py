@@ -88,7 +88,7 @@ def test_every_key_of_a_shard_shares_one_slot_and_shards_spread_over_all_primari
     any_node = redis.Redis(port=cluster.primary_ports()[0])
     ports = set()
     for shard in range(SHARDS):
-        keys = [*name.shard_keys(shard), *name.group_keys(shard, "workers"), name.groups_key(shard)]
+        keys = [*name.shard_keys(shard), *name.group_key_list(shard, "workers"), name.groups_key(shard)]
         slots = {int(any_node.execute_command("CLUSTER KEYSLOT", key)) for key in keys}
         assert len(slots) == 1, f"shard {shard}'s keys span slots {slots}"
         assert slots == {client.redis.keyslot(keys[0])}

@@ -20,7 +20,7 @@ NAME = StreamName.of("felix", T, N, S)
 SHARD = NAME.shard_keys(0)
 PUBLISH = NAME.publish_keys(0)  # meta, log, conf: what publish and stream_create take
 INFO = NAME.info_keys(0)  # meta, log, groups, conf: what stream_info, stream_trim and stream_delete take first
-GROUP = [*SHARD, *NAME.group_keys(0, G)]
+GROUP = [*SHARD, *NAME.group_key_list(0, G)]
 SECRET = "0123456789abcdef" * 2  # a well-formed producer secret
 
 
@@ -128,7 +128,7 @@ def ready(stream: Client) -> Client:
     return stream
 
 
-NEW_GROUP = [*SHARD, *NAME.group_keys(0, "g2"), NAME.groups_key(0)]
+NEW_GROUP = [*SHARD, *NAME.group_key_list(0, "g2"), NAME.groups_key(0)]
 NEW_STREAM = StreamName.of("felix", T, N, "fresh").publish_keys(0)
 OK_CREATE = ["queue", "2", "0", "1", "leader", "0", "0", "100", "acme/prod/fresh", "0", "safe", "2"]
 
@@ -200,12 +200,12 @@ BAD_RAW: list[tuple[str, list[str], list[Any]]] = [
     ("stream_info", [*INFO, INFO[0]], []),  # a fifth key
     ("stream_delete", INFO, ["x"]),
     ("stream_delete", INFO, ["1", G]),  # keys of the group missing
-    ("stream_delete", [*INFO, *NAME.group_keys(0, "g2")], ["1", G]),  # keys of another group than ARGV names
-    ("stream_delete", [*INFO, *NAME.group_keys(0, G), SHARD[0] + "x"], ["1", G]),  # a key more
-    ("stream_delete", [*SHARD, NAME.groups_key(0), *NAME.group_keys(0, G)], ["1", G]),  # the conf key missing
+    ("stream_delete", [*INFO, *NAME.group_key_list(0, "g2")], ["1", G]),  # keys of another group than ARGV names
+    ("stream_delete", [*INFO, *NAME.group_key_list(0, G), SHARD[0] + "x"], ["1", G]),  # a key more
+    ("stream_delete", [*SHARD, NAME.groups_key(0), *NAME.group_key_list(0, G)], ["1", G]),  # the conf key missing
     ("stream_trim", INFO, ["1", G]),  # keys of the group missing
-    ("stream_trim", [*INFO, *NAME.group_keys(0, "g2")[:1], NAME.group_keys(0, "g2")[5]], ["1", G]),  # made up
-    ("stream_trim", [*INFO, *NAME.group_keys(0, G)[:2]], ["1", G]),  # not the group hash and its redo set
+    ("stream_trim", [*INFO, *NAME.group_key_list(0, "g2")[:1], NAME.group_key_list(0, "g2")[5]], ["1", G]),  # made up
+    ("stream_trim", [*INFO, *NAME.group_key_list(0, G)[:2]], ["1", G]),  # not the group hash and its redo set
     ("group_create", NEW_GROUP, ["g3", "earliest", "1000", "5", "1"]),  # ARGV names a group KEYS are not of
     ("group_delete", [*GROUP, NAME.groups_key(0)], ["g2"]),  # likewise
 ]
@@ -256,7 +256,7 @@ def test_stream_delete_deletes_the_conf_and_the_producer_states_with_the_shard(
     producer.publish(T, N, S, b"x", shard=0)
     assert ready.redis.hexists(SHARD[0], f"producer:{producer.id}")
     assert ready.redis.hget(NAME.conf_key(0), "kind") == b"queue"
-    keys = [*INFO, *NAME.group_keys(0, G)]
+    keys = [*INFO, *NAME.group_key_list(0, G)]
     with unchanged(), pytest.raises(felix_redis.InvalidArgument):
         run(ready, "stream_delete", [*keys, f"{NAME.base(0)}:producer:9"], ["1", G])
     assert run(ready, "stream_delete", keys, ["1", G]) == 1

@@ -98,7 +98,7 @@ class GroupMachine(RuleBasedStateMachine):
         return s % len(self.model)
 
     def key(self, s: int, role: int) -> str:
-        return self.name.group_keys(s, G)[role]
+        return self.name.group_key_list(s, G)[role]
 
     def server_ms(self) -> int:
         sec, usec = self.raw.time()
@@ -176,7 +176,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.check_agrees()
         for s, shard in enumerate(self.client.group_describe(T, N, S, G).shards):
             assert (shard.position, shard.lag, shard.owed, shard.in_flight) == (self.model[s].tail, 0, 0, 0)
-            keys = dict(zip(GROUP_ROLES, self.name.group_keys(s, G), strict=True))
+            keys = dict(zip(GROUP_ROLES, self.name.group_key_list(s, G), strict=True))
             left = {role: keys[role] for role in RECORD_STATE_ROLES if self.raw.exists(keys[role])}
             assert not left, f"shard {s}: per-record group state left behind: {left}"
 
@@ -483,7 +483,7 @@ class GroupMachine(RuleBasedStateMachine):
             assert (shard.oldest_unfinished_age_ms is None) == (m.position == m.tail)
             # the stored position and the runs of finished records above it (the done
             # key and the group hash's top run) hold exactly the model's finished records
-            keys = dict(zip(GROUP_ROLES, self.name.group_keys(s, G), strict=True))
+            keys = dict(zip(GROUP_ROLES, self.name.group_key_list(s, G), strict=True))
             pos = int(self.raw.hget(keys["group"], "pos"))
             runs = finished_runs(self.raw, keys)
             assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(runs)), f"shard {s}: runs touch: {runs}"

@@ -350,6 +350,6 @@ def test_a_publish_past_the_slack_trims_its_shard() -> None:
     smembers, trim = ops
     assert smembers.args[0] == "SMEMBERS" and trim.script == "stream_trim" and trim.args == [1, "workers"]
     # the group's hash and redo set, by role
-    group_keys = name.group_keys(0, "workers")
+    group_keys = name.group_key_list(0, "workers")
     assert trim.keys[-3:] == [group_keys[GROUP_ROLES.index("group")], group_keys[GROUP_ROLES.index("redo")],
                               name.due_key(0)]

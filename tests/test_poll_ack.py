@@ -147,7 +147,7 @@ def test_script_checks_ack_offsets_before_writing(redis_client: Client, raw: Any
     make(redis_client, records=3)
     got = redis_client.group_poll(T, N, S, 0, G, max_records=2)
     name = redis_client.core.name(T, N, S)
-    keys = [*name.shard_keys(0), *name.group_keys(0, G)]
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G)]
     before = dump_keyspace(raw)
     for args, code in ([["16", "", "0", "x"], "FELIX_INVALID"], [["16", "", "0", "2"], "FELIX_NOT_FOUND"],
                        [["16", "", "0", *["0"] * 10_001], "FELIX_INVALID"]):

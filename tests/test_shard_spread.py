@@ -90,7 +90,7 @@ def test_a_stream_made_with_plain_tags_keeps_them(redis_url: str, raw: redis.Red
         assert raw.xlen(plain.shard_keys(3)[1]) == 1 and published.offset == 0
         (record,) = c.group_poll(T, N, "old", 3, "g")
         assert c.group_ack(T, N, "old", 3, "g", record) is True
-        assert raw.exists(plain.group_keys(3, "g")[0])
+        assert raw.exists(plain.group_key_list(3, "g")[0])
         assert c.stream_describe(T, N, "old").tags == [f"{T}/{N}/old/{s}" for s in range(4)]
         c.stream_delete(T, N, "old")
         assert not raw.keys(f"felix:{{{T}/{N}/old/*")

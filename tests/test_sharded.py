@@ -245,7 +245,7 @@ def test_long_poll_blocks_once_on_all_shards(client: felix_redis.Client, monkeyp
     name = client.core.name(T, N, S)
     for shard in range(4):
         assert name.shard_keys(shard)[1] in keys  # every shard's log
-        assert name.group_keys(shard, G)[GROUP_ROLES.index("wake")] in keys  # every shard's wake stream
+        assert name.group_key_list(shard, G)[GROUP_ROLES.index("wake")] in keys  # every shard's wake stream
     assert len([op for op in ops if type(op) is Eval]) <= 4 * (len(blocks) + 1)
 
 

@@ -1253,7 +1253,7 @@ def test_a_group_made_before_any_delayed_record_neither_skips_nor_repeats_them(c
 
 
 def _group_key(client: felix_redis.Client, group: str = G) -> str:
-    return client.core.name(T, N, S).group_keys(0, group)[0]
+    return client.core.name(T, N, S).group_key_list(0, group)[0]
 
 
 def _passed_over(client: felix_redis.Client, raw: redis.Redis, count: int) -> None:
@@ -1350,7 +1350,7 @@ def test_a_due_time_the_scan_stopped_inside_is_handed_out_once(
     setup(client)
     published = client.publish_batch(T, N, S, [b"d%d" % i for i in range(5000)], delay=0.8)
     name = client.core.name(T, N, S)
-    keys = [*name.shard_keys(0), *name.group_keys(0, G), name.due_key(0)]
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G), name.due_key(0)]
     reply = run_script(client, "group_poll", keys, ["1", "", "0"])
     assert reply[4] == 0 and int(reply[1]) <= int(reply[0])  # nothing handed out; "poll again"
     nxt = int(raw.hget(_group_key(client), "next"))
@@ -1408,7 +1408,7 @@ def test_a_rate_limit_and_named_consumers_hold_inside_a_shared_due_time(
     got = client.group_poll_as(T, N, S, 0, G, "c1", max_records=16)
     assert len(got) == 5
     assert client.group_poll_as(T, N, S, 0, G, "c2", max_records=16) == []
-    owner = client.core.name(T, N, S).group_keys(0, G)[7]
+    owner = client.core.name(T, N, S).group_key_list(0, G)[7]
     assert owner.endswith(":owner")
     assert raw.hgetall(owner) == {str(r.offset).encode(): b"c1" for r in got}
     # c1 gives them back: owed at once, and the window is spent, so they wait for it
@@ -1462,7 +1462,7 @@ def test_records_expired_inside_a_shared_due_time_do_not_let_the_scan_hand_out_t
     client.publish_batch(T, N, S, [b"a%d" % i for i in range(4300)], deliver_at=at, expires_in=0.5)
     later = client.publish_batch(T, N, S, [b"b%d" % i for i in range(200)], deliver_at=at)
     name = client.core.name(T, N, S)
-    keys = [*name.shard_keys(0), *name.group_keys(0, G), name.due_key(0)]
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G), name.due_key(0)]
     # one poll's bounded scan (4 x 1 + 4,096 records, in pages) stops inside the 200
     assert run_script(client, "group_poll", keys, ["1", "", "0"])[4] == 0
     assert 4300 < int(raw.hget(_group_key(client), "next")) < 4500

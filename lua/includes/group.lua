@@ -35,7 +35,7 @@ for _, rt in ipairs(GROUP_ROLE_TYPES) do GROUP_KEY_TYPES[#GROUP_KEY_TYPES + 1] =
 
 -- K: role -> key name, and K.types: role -> the key's type ('none' when missing) once
 -- load_group has checked them all.
-local function group_keys()
+local function group_role_keys()
   -- table constructors size the tables once (filling them key by key rehashes 4 times)
   return {
     meta = KEYS[1], log = KEYS[2], group = KEYS[3], lease = KEYS[4], owed = KEYS[5],
