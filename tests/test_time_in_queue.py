@@ -1476,3 +1476,24 @@ def test_records_expired_inside_a_shared_due_time_do_not_let_the_scan_hand_out_t
             break
     assert sorted(seen) == [p.offset for p in later] and len(seen) == len(set(seen))
     assert len(dead(client)) == 4300 and {reason for _, _, reason in dead(client)} == {"expired"}
+
+
+def test_a_poll_hands_out_redeliveries_and_due_delayed_records_together_up_to_max_records(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Due redeliveries come first, then delayed records come due, and the two together
+    are at most max_records."""
+    client = redis_client
+    setup(client)
+    for i in range(3):
+        client.publish(T, N, S, b"r%d" % i)
+    first = poll(client, n=3)
+    client.publish_batch(T, N, S, [b"d%d" % i for i in range(10)], delay=0.3)
+    assert poll(client) == []  # the scan passes over the delayed ones
+    for record in first:
+        client.group_nack(T, N, S, 0, G, record)
+    due = due_index(raw, client.core.name(T, N, S).due_key(0))[0][1]
+    wait_server(raw, due + 5)
+    got = poll(client, n=5)
+    assert [r.payload for r in got] == [b"r0", b"r1", b"r2", b"d0", b"d1"]
+    assert [r.attempts for r in got] == [2, 2, 2, 1, 1]
