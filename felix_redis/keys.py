@@ -179,8 +179,9 @@ class StreamName:
         return [f"{base}:meta", f"{base}:log", f"{base}:groups", f"{base}:conf"]
 
     def due_key(self, shard: int) -> str:
-        """The due index of one shard (docs/keys.md): a sorted set of the offsets of its
-        delayed records, scored by due time (ms). Publishers write it; groups read it."""
+        """The due index of one shard (docs/keys.md, "The due index"): a sorted set of
+        chunks of its delayed records' offsets, by 100 ms due-time bucket. Publishers
+        write it; groups read it."""
         return f"{self.base(shard)}:due"
 
     def conf_key(self, shard: int) -> str:

@@ -503,8 +503,10 @@ end
 if K.due and S.doff then
   -- the rest of a split due time is due now
   out[2] = now
-elseif K.due and S.dmax > dnow then
-  local d = due_after(K.due, dnow)
+elseif K.due and S.dmax > S.dcur then
+  -- (from the due cursor: where 3b did not run, as when the rate limit's window is spent,
+  -- passed-over records may be due already)
+  local d = due_after(K.due, S.dcur)
   if d and (out[2] < 0 or d < out[2]) then out[2] = d end
 end
 if more then out[2] = now end

@@ -1497,3 +1497,52 @@ def test_a_poll_hands_out_redeliveries_and_due_delayed_records_together_up_to_ma
     got = poll(client, n=5)
     assert [r.payload for r in got] == [b"r0", b"r1", b"r2", b"d0", b"d1"]
     assert [r.attempts for r in got] == [2, 2, 2, 1, 1]
+
+
+def test_a_member_off_a_bucket_start_in_the_due_index_hides_no_bucket(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """A member written by hand at a score that is no bucket's start (an offset scored by
+    its due time, say) just before a bucket of delayed records: the group still hands
+    them all out once due, and describe counts them until then."""
+    client = redis_client
+    setup(client)
+    at_ms = server_ms(raw) + 800
+    at_ms -= at_ms % 100
+    first = datetime.fromtimestamp((at_ms + 10) / 1000, timezone.utc)
+    second = datetime.fromtimestamp((at_ms + 60) / 1000, timezone.utc)
+    offsets = [p.offset for p in client.publish_batch(T, N, S, [b"a", b"b", b"c"], deliver_at=first)]
+    offsets.append(client.publish(T, N, S, b"d", deliver_at=second).offset)
+    assert poll(client) == []
+    raw.zadd(client.core.name(T, N, S).due_key(0), {"77": at_ms - 50})
+    assert state(client).scheduled == 4
+    wait_server(raw, at_ms + 200)
+    got = poll(client)
+    assert [r.offset for r in got] == offsets
+
+
+def test_a_spent_rate_window_names_its_end_while_passed_over_records_are_due(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Delayed records the group passed over come due while the rate limit's window is
+    spent: the poll hands out nothing and says when to come back, the window's end (a
+    long poll waits for it, not for its whole wait)."""
+    client = redis_client
+    setup(client, rate_limit=(2, 2.0))
+    client.publish_batch(T, N, S, [b"d1", b"d2", b"d3"], delay=0.4)
+    assert poll(client) == []
+    client.publish_batch(T, N, S, [b"p1", b"p2"])
+    plain = poll(client)
+    assert [r.payload for r in plain] == [b"p1", b"p2"]
+    client.group_ack_many(T, N, S, 0, G, plain)
+    due = due_index(raw, client.core.name(T, N, S).due_key(0))[0][1]
+    wait_server(raw, due + 20)
+    name = client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G), name.due_key(0)]
+    reply = run_script(client, "group_poll", keys, ["16", "", "0"])
+    window_end = int(raw.hget(_group_key(client), "rate").split()[2]) + 2000
+    assert (reply[4], int(reply[1])) == (0, window_end)
+    t0 = time.monotonic()
+    got = poll(client, n=16, wait=6.0)
+    assert [r.payload for r in got] == [b"d1", b"d2"]
+    assert time.monotonic() - t0 < 4.0

@@ -94,11 +94,12 @@ local function due_bucket_ranges(key, bs)
 end
 
 -- The start of the first non-empty bucket at or after from (ms) and at or before to (a
--- number or '+inf'), or nil.
+-- number or '+inf'), or nil. (A member scored off a bucket's start, written by hand,
+-- stands for its bucket: the bucket is read whole, never skipped.)
 local function due_next_bucket(key, from, to)
   local r = redis.call('ZRANGEBYSCORE', key, fmt(from), to, 'WITHSCORES', 'LIMIT', '0', '1')
   if #r == 0 then return nil end
-  return tonumber(r[2])
+  return due_bucket(tonumber(r[2]))
 end
 
 -- True when the index holds record off with due time t. cache: a table kept for one
@@ -112,11 +113,20 @@ local function due_holds(key, off, t, cache)
     b = {rd, ra, rz}
     cache[bs] = b
   end
+  -- the ranges are sorted by due time, then first offset, and never share an offset:
+  -- the last one at or before (t, off) is the only one that can hold it
   local rd, ra, rz = b[1], b[2], b[3]
-  for i = 1, #rd do
-    if rd[i] == t and ra[i] <= off and off <= rz[i] then return true end
+  local lo, hi = 1, #rd
+  local at = 0
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    if rd[mid] < t or (rd[mid] == t and ra[mid] <= off) then
+      at, lo = mid, mid + 1
+    else
+      hi = mid - 1
+    end
   end
-  return false
+  return at > 0 and rd[at] == t and ra[at] <= off and off <= rz[at]
 end
 
 -- The earliest due time after t (ms) of an entry of the index, or nil: from the bucket of
