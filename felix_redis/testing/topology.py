@@ -796,7 +796,7 @@ class SentinelTopology(_Topology):
     def sentinel_client(self, timeout: float = 1.0) -> Sentinel:
         """A redis-py ``Sentinel`` over this topology's sentinels (``master_for`` and
         ``slave_for`` clients get the data servers' password and TLS options)."""
-        return Sentinel(  # type: ignore[no-untyped-call]
+        return Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
             self.sentinel_addresses,
             sentinel_kwargs={
                 "socket_timeout": timeout, "socket_connect_timeout": timeout,
@@ -837,7 +837,7 @@ class SentinelTopology(_Topology):
         """The primary address the sentinels currently report."""
         sentinel = self.sentinel_client()
         try:
-            host, port = sentinel.discover_master(self.service_name)  # type: ignore[no-untyped-call]
+            host, port = sentinel.discover_master(self.service_name)  # type: ignore[no-untyped-call, unused-ignore]
         finally:
             for conn in sentinel.sentinels:
                 conn.close()
