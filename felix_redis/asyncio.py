@@ -30,7 +30,7 @@ from felix_redis._driver import (
     translate,
     with_nodes,
 )
-from felix_redis.checks import KEEP, publish_extras
+from felix_redis.checks import KEEP, Extras, publish_extras
 from felix_redis.connection import async_client, default_retry_for, resolve_url
 from felix_redis.errors import ConnectionFailed, FelixError, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
@@ -418,7 +418,26 @@ class AsyncClient(_AwaitsToItself):
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         extras = publish_extras(delay, deliver_at, expires_in, headers)
-        return await self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
+        return await self._publish_single(tenant, namespace, stream, payload, shard, key, extras, None)
+
+    async def _publish_single(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+        extras: Extras | None, producer: ProducerState | None,
+    ) -> Published:
+        """As the sync client's: the script call straight away when the caches allow."""
+        core = self.core
+        send = None if extras is not None else core.quick_single(
+            tenant, namespace, stream, payload, shard, key, producer)
+        if send is None:
+            if producer is None:
+                return await self._drive(core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
+            return await self._drive(core.publish_one(
+                tenant, namespace, stream, payload, shard, key, producer, extras))
+        try:
+            reply = await self._execute(send[1])
+        except BaseException as exc:
+            return await self._drive(core.single_failed(send, exc, tenant, namespace, stream, payload, shard, key))
+        return core.single_sent(send, reply)
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
@@ -650,8 +669,8 @@ class AsyncIdempotentProducer:
             payload = as_bytes(payload)
         extras = publish_extras(delay, deliver_at, expires_in, headers)
         async with self._lock:
-            return await self._client._drive(self._client.core.publish_one(
-                tenant, namespace, stream, payload, shard, key, self._state, extras))
+            return await self._client._publish_single(
+                tenant, namespace, stream, payload, shard, key, extras, self._state)
 
     async def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,

@@ -34,7 +34,7 @@ from felix_redis._driver import (
     translate,
     with_nodes,
 )
-from felix_redis.checks import KEEP, publish_extras
+from felix_redis.checks import KEEP, Extras, publish_extras
 from felix_redis.connection import default_retry_for, resolve_url, sync_client
 from felix_redis.errors import (
     ConnectionFailed,
@@ -415,7 +415,26 @@ class Client:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         extras = publish_extras(delay, deliver_at, expires_in, headers)
-        return self._drive(self.core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
+        return self._publish_single(tenant, namespace, stream, payload, shard, key, extras, None)
+
+    def _publish_single(
+        self, tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+        extras: Extras | None, producer: ProducerState | None,
+    ) -> Published:
+        """One payload with ``producer`` (held by the caller; None: one from the pool):
+        the script call straight away when the caches allow, else the plan."""
+        core = self.core
+        send = None if extras is not None else core.quick_single(
+            tenant, namespace, stream, payload, shard, key, producer)
+        if send is None:
+            if producer is None:
+                return self._drive(core.publish_single(tenant, namespace, stream, payload, shard, key, extras))
+            return self._drive(core.publish_one(tenant, namespace, stream, payload, shard, key, producer, extras))
+        try:
+            reply = self._execute(send[1])
+        except BaseException as exc:
+            return self._drive(core.single_failed(send, exc, tenant, namespace, stream, payload, shard, key))
+        return core.single_sent(send, reply)
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,
@@ -752,8 +771,7 @@ class IdempotentProducer:
             payload = as_bytes(payload)
         extras = publish_extras(delay, deliver_at, expires_in, headers)
         with self._state.lock:
-            return self._client._drive(self._client.core.publish_one(
-                tenant, namespace, stream, payload, shard, key, self._state, extras))
+            return self._client._publish_single(tenant, namespace, stream, payload, shard, key, extras, self._state)
 
     def publish_keyed(
         self, tenant: str, namespace: str, stream: str, key: str | bytes, payload: bytes | str, *,

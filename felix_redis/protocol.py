@@ -84,6 +84,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# quick_single's send: the producer (None: without producer state), the script call, its
+# (stream, shard) slot, and whether the producer was borrowed from the pool
+QuickSend = tuple[ProducerState | None, Eval, tuple[str, int], bool]
 log = logging.getLogger(__name__)
 
 
@@ -533,6 +536,64 @@ class Core:
         producer.sequences[slot] = op.args[2]
         return Published(slot[1], int(reply[0]))
 
+    def quick_single(
+        self, tenant: object, namespace: object, stream: object, payload: bytes, shard: object, key: object,
+        producer: ProducerState | None = None,
+    ) -> QuickSend | None:
+        """The drivers' fast path for one plain payload, without a plan: the producer
+        (``producer``, held by the caller; else one borrowed from the pool, or none
+        for a client made with ``idempotent_publish=False``) and the
+        script call :meth:`quick_publish` builds. None when the plan must run
+        (:meth:`publish_single` or :meth:`publish_one`; nothing is borrowed then). The
+        driver runs the call and hands its reply to :meth:`single_sent`, or what it
+        raised to :meth:`single_failed`: exactly one of the two, which give a borrowed
+        producer back."""
+        if producer is not None or not self.idempotent_publish:
+            quick = self.quick_publish(tenant, namespace, stream, payload, shard, key, producer)
+            return None if quick is None else (producer, quick[0], quick[1], False)
+        pooled = self.producers.acquire()
+        quick = self.quick_publish(tenant, namespace, stream, payload, shard, key, pooled)
+        if quick is None:
+            self.producers.release(pooled)
+            return None
+        return pooled, quick[0], quick[1], True
+
+    def single_sent(self, send: QuickSend, reply: Any) -> Published:
+        """The end of a :meth:`quick_single` whose script call answered ``reply``."""
+        producer, op, slot, borrowed = send
+        if producer is not None:
+            producer.sequences[slot] = op.args[2]
+            if borrowed:
+                self.producers.release(producer)
+        return Published(slot[1], int(reply[0]))
+
+    def single_failed(
+        self, send: QuickSend, exc: BaseException,
+        tenant: str, namespace: str, stream: str, payload: bytes, shard: int | None, key: object,
+    ) -> Plan[Published]:
+        """The rest of a :meth:`quick_single` whose script call raised ``exc``, as
+        :meth:`publish_one` and :meth:`with_borrowed_producer` would go on: one more
+        send when the outcome is unknown; a borrowed producer the shard forgot starts
+        over and runs the publish once more."""
+        producer, op, slot, borrowed = send
+        if producer is None:  # a publish without producer state is sent once
+            raise exc
+        try:
+            if not isinstance(exc, FelixError):
+                producer.reset()  # interrupted or cancelled with the outcome unknown
+                raise exc
+            try:
+                reply = yield from after_failed_send(producer, op, exc)
+            except SequenceError:
+                if not borrowed:
+                    raise
+                return (yield from self.publish_one(tenant, namespace, stream, payload, shard, key, producer))
+            producer.sequences[slot] = op.args[2]
+            return Published(slot[1], int(reply[0]))
+        finally:
+            if borrowed:
+                self.producers.release(producer)
+
     def choose_shard(self, settings: StreamSettings, shard: int | None, key: bytes | None) -> int:
         if key is not None and shard is None:
             return shard_for_key(key, settings.shards)
@@ -616,16 +677,14 @@ class Core:
 
     def quick_publish(
         self, tenant: object, namespace: object, stream: object, payload: bytes, shard: object,
-        key: object, producer: ProducerState,
+        key: object, producer: ProducerState | None,
     ) -> tuple[Eval, tuple[str, int]] | None:
-        """The drivers' fast path for one payload with a producer: the script call of
-        :meth:`publish` and the (stream, shard) slot its sequence is for, built in one
-        step from the caches, without a plan. None when the checked plan must run: a
-        name not seen before, settings not cached or stale, a stream with retention (it
-        trims after publishing), a shard that is not a plain int in range, an oversize
-        payload, or a producer without an id yet. The driver runs the call, hands a
-        FelixError to :meth:`publish_failed`, resets the producer on any other
-        exception, and on success stores the sequence (``producer.sequences[slot]``)."""
+        """The script call of :meth:`publish` for one payload with ``producer`` (None:
+        without producer state) and the (stream, shard) slot its sequence is for, built
+        in one step from the caches, without a plan (:meth:`quick_single` uses it). None
+        when the checked plan must run: a name not seen before, settings not cached or
+        stale, a stream with retention (it trims after publishing), a shard that is not
+        a plain int in range, an oversize payload, or a producer without an id yet."""
         if type(tenant) is not str or type(namespace) is not str or type(stream) is not str:
             return None
         cache = self.cache
@@ -637,7 +696,7 @@ class Core:
         if (settings is None or time.monotonic() - settings.loaded_at >= cache.settings_ttl_s
                 or settings.max_len or settings.max_age or len(payload) > settings.max_payload):
             return None
-        pid = producer.producer_id
+        pid: str | bytes | None = b"" if producer is None else producer.producer_id
         if pid is None:
             return None
         raw_key = b"" if key is None else check_record_key(key)
@@ -650,7 +709,8 @@ class Core:
         slot = (path, shard)
         op = Eval(
             "publish", keys,
-            [raw_key, pid, producer.sequences.get(slot, 0) + 1, self.producer_idle_ms, b"", b"", b"", payload],
+            [raw_key, pid, 0 if producer is None else producer.sequences.get(slot, 0) + 1, self.producer_idle_ms,
+             b"", b"", b"", payload],
             context, settings.replicas,
         )
         return op, slot

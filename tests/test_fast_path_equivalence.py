@@ -297,17 +297,19 @@ def test_quick_publish_sends_what_the_plan_sends(client: felix_redis.Client) -> 
     core = client.core
     producer = P.ProducerState(12345, local=True)
     producer.sequences[(f"{T}/{N}/{S}", 2)] = 6
-    for shard, key in [(None, None), (2, None), (0, None), (None, "order-1"), (1, b"order-2")]:
+    for shard, key, held in [(None, None, producer), (2, None, producer), (0, None, producer),
+                             (None, "order-1", producer), (1, b"order-2", producer),
+                             (None, None, None), (1, "order-3", None)]:  # None: without producer state
         # the same round-robin position for both
         core._round_robin = iter([7, 7])  # type: ignore[assignment]
-        quick = core.quick_publish(T, N, S, b"x", shard, key, producer)
+        quick = core.quick_publish(T, N, S, b"x", shard, key, held)
         assert quick is not None
         op, slot = quick
-        want = plan_eval(client, T, N, S, b"x", shard, key, producer)
+        want = plan_eval(client, T, N, S, b"x", shard, key, held)
         assert (op.keys, op.args, op.context, op.replicas) == (want.keys, want.args, want.context, want.replicas)
         # the shard named by the key's hash tag (PATH/SHARD, or PATH/SHARD~SALT when spread)
         assert slot == (f"{T}/{N}/{S}", int(op.keys[0].split("/")[-1].split("}")[0].split("~")[0]))
-        assert op.args[2] == producer.sequences.get(slot, 0) + 1
+        assert op.args[2] == (0 if held is None else producer.sequences.get(slot, 0) + 1)
     big = b"x" * (1024 * 1024 + 1)
     for args in [
         (Name(T), N, S, b"x", None, None, producer),  # not an exact str: never from the caches

@@ -328,6 +328,108 @@ def test_a_publish_without_producer_state_is_sent_once() -> None:
     assert published == Published(0, 9) and ops[0].args[1] == b""
 
 
+def send_quick(core: Core, answer: Answer, producer: ProducerState | None = None) -> tuple[Any, list[Any]]:
+    """One payload by the drivers' quick path (Client._publish_single's steps): the
+    script call :meth:`Core.quick_single` built, then ``single_sent`` or the plan of
+    ``single_failed``."""
+    send = core.quick_single(T, N, S, b"x", None, None, producer)
+    assert send is not None, "the caches should allow the quick path"
+    ops: list[Any] = [send[1]]
+    try:
+        reply = answer(send[1])
+        if isinstance(reply, BaseException):
+            raise reply
+    except BaseException as exc:
+        result, more = drive(core.single_failed(send, exc, T, N, S, b"x", None, None), answer)
+        return result, ops + more
+    return core.single_sent(send, reply), ops
+
+
+def test_the_quick_path_sends_what_the_plan_sends_and_gives_the_producer_back() -> None:
+    core = core_with(1)
+    pooled = core.producers.acquire()
+    core.producers.release(pooled)
+    published, ops = send_quick(core, lambda op: [5, 1, 0, 0, None])
+    assert published == Published(0, 5) and ops[0].script == "publish" and ops[0].args[2] == 1
+    assert pooled.sequences == {(core.name(T, N, S).path, 0): 1}
+    assert core.producers.acquire() is pooled  # back in the pool
+
+
+def test_the_quick_path_is_refused_with_nothing_borrowed_while_the_caches_are_cold() -> None:
+    core = Core()
+    pooled = core.producers.acquire()
+    core.producers.release(pooled)
+    assert core.quick_single(T, N, S, b"x", None, None) is None
+    assert core.producers.acquire() is pooled
+    assert Core(idempotent_publish=False).quick_single(T, N, S, b"x", None, None) is None
+
+
+def test_a_quick_publish_without_producer_state_is_sent_once() -> None:
+    core = Core(idempotent_publish=False)
+    drive(core.settings(core.name(T, N, S)), lambda op: info(1))
+    published, ops = send_quick(core, lambda op: [9, 1, 0, 0, None])
+    assert published == Published(0, 9) and ops[0].args[1:3] == [b"", 0]
+    with pytest.raises(ConnectionFailed):  # no sequence to send again under: the caller decides
+        send_quick(core, lambda op: ConnectionFailed("lost"))
+
+
+def test_a_lost_quick_publish_is_sent_again_with_the_same_sequence() -> None:
+    core = core_with(1)
+    producer = ProducerState("s" * 32)
+    sends: list[Eval] = []
+
+    def answer(op: Any) -> Any:
+        if type(op) is Sleep:
+            return None
+        sends.append(op)
+        return ConnectionFailed("lost") if len(sends) == 1 else [7, 1, 0, 0, None]
+
+    published, ops = send_quick(core, answer, producer)
+    assert published == Published(0, 7)
+    assert [type(op) for op in ops] == [Eval, Sleep, Eval]
+    assert sends[0].args == sends[1].args and sends[0].args[2] == 1
+    assert producer.sequences == {(core.name(T, N, S).path, 0): 1}
+
+
+def test_a_borrowed_producer_the_shard_forgot_starts_over_once_on_the_quick_path() -> None:
+    core = core_with(1)
+    sends: list[list[Any]] = []
+
+    def answer(op: Any) -> Any:
+        sends.append(list(op.args))
+        return SequenceError("gap") if len(sends) == 1 else [3, 1, 0, 0, None]
+
+    pooled = core.producers.acquire()
+    pooled.sequences[(core.name(T, N, S).path, 0)] = 41  # sequences a failover lost
+    core.producers.release(pooled)
+    published, _ops = send_quick(core, answer)
+    assert published == Published(0, 3)
+    (secret1, seq1), (secret2, seq2) = [(a[1], a[2]) for a in sends]
+    assert (seq1, seq2) == (42, 1) and secret1 != secret2  # a new producer, from sequence 1
+    assert core.producers.acquire() is pooled
+
+
+def test_a_held_producer_the_shard_forgot_raises_on_the_quick_path() -> None:
+    core = core_with(1)
+    producer = ProducerState("s" * 32)
+    producer.sequences[(core.name(T, N, S).path, 0)] = 41
+    with pytest.raises(SequenceError):
+        send_quick(core, lambda op: SequenceError("gap"), producer)
+    assert producer.producer_id is None and producer.sequences == {}  # starts over next time
+
+
+def test_a_quick_publish_interrupted_forgets_its_producer_and_gives_it_back() -> None:
+    core = core_with(1)
+    pooled = core.producers.acquire()
+    pooled.sequences[(core.name(T, N, S).path, 0)] = 9
+    secret = pooled.producer_id
+    core.producers.release(pooled)
+    with pytest.raises(KeyboardInterrupt):
+        send_quick(core, lambda op: KeyboardInterrupt())
+    assert core.producers.acquire() is pooled
+    assert pooled.producer_id != secret and pooled.sequences == {}  # outcome unknown: a new producer
+
+
 # ---------------------------------------------------------------------- retention
 
 
