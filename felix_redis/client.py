@@ -207,13 +207,22 @@ class Client:
         if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
             return [outcome(self._execute_once, e) for e in op.ops]
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
+        lane = self._lane
         while (commands := run.commands()) is not None:
             if run.pause:
                 time.sleep(run.pause)
-            pipe = self.redis.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            for name in run.take(pipe.execute(raise_on_error=False)):
+            replies = None
+            if lane is not None and lane.lock.acquire(False):
+                try:
+                    replies = lane.call_many(commands)  # one write on the lane, when it is free
+                finally:
+                    lane.lock.release()
+            if replies is None:
+                pipe = self.redis.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+            for name in run.take(replies):
                 self._load(name)
         return run.results
 

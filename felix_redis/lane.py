@@ -188,6 +188,44 @@ class Lane:
                 conn.disconnect()
         return reply
 
+    def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any] | None:
+        """Sends ``commands`` on the lane in one write and reads their replies, in
+        order: a pipeline without redis-py's pipeline object. An error reply is returned
+        in its place (as ``execute(raise_on_error=False)`` does); a lost connection
+        raises (:class:`NotSent` when nothing left). None, with nothing sent, where
+        hiredis cannot pack them (the caller uses a redis-py pipeline). The caller
+        holds :attr:`lock`."""
+        conn = self._connection()
+        ensure_connected(conn)
+        sock, parser = conn._sock, conn._parser
+        if (sock is None or type(parser) is not _HiredisParser or conn.health_check_interval
+                or not _stock_connection(conn)):
+            return None
+        packed = []
+        for command in commands:
+            one = _hiredis_packed(conn, command)
+            if one is None:
+                return None
+            packed.append(one)
+        self.awaiting_reply = True
+        try:
+            sock.sendall(b"".join(packed))
+            replies = [parser.read_response() for _ in commands]
+        except TimeoutError:  # (socket.timeout)
+            conn.disconnect()
+            raise RedisTimeoutError(f"Timeout on the connection to {conn.host}:{conn.port}") from None
+        except OSError as exc:
+            conn.disconnect()
+            raise RedisConnectionError(f"Error on the connection to {conn.host}:{conn.port}: {exc}") from None
+        except BaseException:
+            conn.disconnect()  # replies not read
+            raise
+        finally:
+            self.awaiting_reply = False
+        if any(isinstance(reply, ReadOnlyError) for reply in replies):
+            conn.disconnect()  # a replica now: the next call connects anew
+        return replies
+
     def _connection(self) -> Any:
         conn = self.conn
         if conn is None or self._held[1] != os.getpid():

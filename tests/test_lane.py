@@ -59,6 +59,44 @@ def test_error_reply_keeps_the_connection(redis_client: felix_redis.Client) -> N
     assert lane_conn(redis_client)._sock is sock
 
 
+def test_a_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
+    redis_client: felix_redis.Client, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded poll's calls go out on the lane in one write (no redis-py pipeline),
+    each reply in its place, an error reply as a value that does not spoil the others
+    nor the connection."""
+    redis_client.stream_create(T, N, S, shards=3)
+    redis_client.group_create(T, N, S, "workers")
+    for shard in range(3):
+        redis_client.publish(T, N, S, f"r{shard}", shard=shard)
+    group = redis_client.group_sharded(T, N, S, "workers")
+    group.poll(1)  # the caches and the lane's connection
+    sock = lane_conn(redis_client)._sock
+    writes: list[bytes] = []
+    real_sendall = sock.sendall
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sock, name)
+
+        def sendall(self, data: bytes) -> None:
+            writes.append(data)
+            real_sendall(data)
+
+    conn = lane_conn(redis_client)
+    monkeypatch.setattr(conn, "_sock", Spy())
+    monkeypatch.setattr(redis.client.Pipeline, "execute", lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
+    items = group.poll(3)
+    assert sorted(i.payload for i in items) == [b"r1", b"r2"]
+    # the first pass: one write of three calls (then the second pass asks shards 1 and 2 one at a time)
+    assert [w.count(b"group_poll") for w in writes] == [3, 1, 1]
+    monkeypatch.setattr(conn, "_sock", sock)
+    replies = redis_client._lane.call_many([("SET", "k", "v"), ("INCR", "k"), ("GET", "k")])
+    assert replies is not None and replies[0] == b"OK" and replies[2] == b"v"
+    assert isinstance(replies[1], redis.ResponseError) and "not an integer" in str(replies[1])
+    assert lane_conn(redis_client)._sock is sock
+
+
 def test_call_interrupted_between_send_and_read_leaves_no_stale_reply(
     redis_client: felix_redis.Client, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
