@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from redis.exceptions import (
 )
 
 from felix_redis import scripts
+from felix_redis.checks import check_streams
 from felix_redis.connection import NotTlsError, SentinelsFailed
 from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE
 from felix_redis.errors import (
@@ -37,6 +38,7 @@ from felix_redis.errors import (
 from felix_redis.lane import NotSent
 from felix_redis.models import Record, StreamInfo, parse_claim
 from felix_redis.protocol import TRANSIENT_ERRORS, Batch, Core, Eval, Op, Plan, check_list, retry_delays
+from felix_redis.sharded import PollState
 
 #: redis-py exceptions that mean "this node cannot take the call now": a failover,
 #: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
@@ -239,12 +241,14 @@ def describe_server(raw: Any) -> str:
 
 
 class Item:
-    """A record handed out by a ShardedGroup; settles through the group."""
+    """A record handed out by a ShardedGroup; settles through the group. ``stream``:
+    the stream it came from (the group may poll several)."""
 
-    __slots__ = ("record",)
+    __slots__ = ("record", "stream")
 
-    def __init__(self, record: Record) -> None:
+    def __init__(self, record: Record, stream: str) -> None:
         self.record = record
+        self.stream = stream
 
     @property
     def shard(self) -> int:
@@ -287,7 +291,7 @@ class Item:
         return self.record.claim
 
     def __repr__(self) -> str:
-        return f"Item({self.record!r})"
+        return f"Item({self.record!r}, stream={self.stream!r})"
 
 
 def _shard(item: Item | Record | str) -> int:
@@ -305,40 +309,66 @@ Ref = Item | Record | str
 
 
 class ShardedGroupBase:
-    """What the sync and asyncio sharded groups share: where they poll, routing."""
+    """What the sync and asyncio sharded groups share: where they poll, routing.
+    ``stream``: one stream's name, or a list of them in priority order (``weights``:
+    None for strict order, else one weight per stream)."""
 
     def __init__(
-        self, core: Core, tenant: str, namespace: str, stream: str, group: str,
+        self, core: Core, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
+        weights: Sequence[int] | None = None,
     ) -> None:
         self._core = core
+        self.streams, self.weights = check_streams(stream, weights)
         self.shards = None if shards is None else list(shards)
-        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
+        if self.shards is not None and len(self.streams) > 1:
+            raise InvalidArgument("shards= picks shards of one stream; a group over several streams polls them all")
+        self.tenant, self.namespace, self.group = tenant, namespace, group
+        #: the stream's name; for a group over several streams, the first (see ``streams``)
+        self.stream = self.streams[0]
         self.consumer = consumer
         self.reclaim = reclaim
-        self._cursor = 0
-        self._reclaimed: set[int] = set()
+        self._index = {name: i for i, name in enumerate(self.streams)}
+        self._state = PollState(len(self.streams))
+
+    def _stream_of(self, item: Ref) -> str:
+        """The stream a settle goes to: the Item's; a Record or claim string names none,
+        so only a group over one stream takes them."""
+        if isinstance(item, Item):
+            if item.stream not in self._index:
+                raise InvalidArgument(
+                    f"the item came from stream {item.stream}, which group {self.group} does not poll")
+            return item.stream
+        if len(self.streams) > 1:
+            raise InvalidArgument(
+                f"a group over several streams settles the Items it handed out (they name their stream), "
+                f"not a {type(item).__name__}")
+        return self.stream
 
     def _where(self, item: Ref) -> tuple[str, str, str, int, str]:
-        return self.tenant, self.namespace, self.stream, _shard(item), self.group
+        return self.tenant, self.namespace, self._stream_of(item), _shard(item), self.group
 
     def _poll_plan(
         self, max_records: int, wait: float | None, ack: Iterable[Ref] | None = None
     ) -> Plan[list[Item]]:
-        records, self._cursor = yield from self._core.sharded_poll(
-            self.tenant, self.namespace, self.stream, self.group, max_records, wait,
-            self.consumer, self._reclaimed, self._cursor, self.reclaim, self.shards,
-            None if ack is None else self._by_shard(ack),
+        acks = None
+        if ack is not None:
+            acks = {(self._index[stream], shard): refs for (stream, shard), refs in self._by_target(ack).items()}
+        per_stream = yield from self._core.sharded_poll(
+            self.tenant, self.namespace, self.streams, self.group, max_records, wait,
+            self.consumer, self._state, self.reclaim, self.shards, acks, self.weights,
         )
-        return [Item(r) for r in records]
+        if len(per_stream) == 1:
+            stream = self.stream
+            return [Item(r, stream) for r in per_stream[0]]
+        streams = self.streams
+        return [Item(r, streams[i]) for i, records in enumerate(per_stream) for r in records]
 
     def _ack_plan(self, items: Iterable[Ref]) -> Plan[int]:
-        return (yield from self._core.ack_sharded(
-            self.tenant, self.namespace, self.stream, self.group, self._by_shard(items)))
+        return (yield from self._core.ack_sharded(self.tenant, self.namespace, self.group, self._by_target(items)))
 
-    @staticmethod
-    def _by_shard(items: Iterable[Ref]) -> dict[int, list[Ref]]:
-        grouped: dict[int, list[Ref]] = {}
+    def _by_target(self, items: Iterable[Ref]) -> dict[tuple[str, int], list[Ref]]:
+        grouped: dict[tuple[str, int], list[Ref]] = {}
         for item in check_list(items, "items"):
-            grouped.setdefault(_shard(item), []).append(item)
+            grouped.setdefault((self._stream_of(item), _shard(item)), []).append(item)
         return grouped

@@ -22,10 +22,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from felix_redis.checks import check_streams
 from felix_redis.constants import (
     DEFAULT_GRACE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -316,10 +317,11 @@ class WorkerBase:
         client: Any,
         tenant: str,
         namespace: str,
-        stream: str,
+        stream: str | Sequence[str],
         group: str,
         handler: Any,
         *,
+        weights: Sequence[int] | None = None,
         concurrency: int = 1,
         consumer: str | None = None,
         shards: Iterable[int] | None = None,
@@ -335,7 +337,10 @@ class WorkerBase:
     ) -> None:
         """
         :param client: the connection.
-        :param tenant, namespace, stream, group: where the records come from.
+        :param tenant, namespace, stream, group: where the records come from; ``stream``
+            may be a list of streams in priority order (docs/worker.md, "Priorities").
+        :param weights: with several streams, None for strict order, else one weight per
+            stream: the share of hand-outs each gets while all are busy.
         :param handler: called with each :class:`Record`, on a worker thread.
         :param concurrency: most records in flight (and handler threads) at once.
         :param consumer: a stable consumer name; a restarted worker reclaims its own records.
@@ -357,8 +362,13 @@ class WorkerBase:
         if poll_wait_s <= 0:
             raise InvalidArgument(f"poll_wait_s must be positive, got {poll_wait_s!r}")
         self._check_handler(handler)
+        self.streams, self.weights = check_streams(stream, weights)
+        if shards is not None and len(self.streams) > 1:
+            raise InvalidArgument("shards= picks shards of one stream; a worker over several streams polls them all")
         self.client = client
-        self.tenant, self.namespace, self.stream, self.group = tenant, namespace, stream, group
+        self.tenant, self.namespace, self.group = tenant, namespace, group
+        #: the stream's name; for a worker over several streams, the first (see ``streams``)
+        self.stream = self.streams[0]
         self.handler = handler
         self.concurrency = concurrency
         self.consumer = consumer
@@ -372,26 +382,41 @@ class WorkerBase:
         self.burst = burst
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
-        # the group's own settings, read from Redis when run() starts (_configure)
+        # the group's own settings, read from Redis when run() starts (_configure); over
+        # several streams the shortest visibility timeout paces the heartbeat, and each
+        # stream's group keeps its own max attempts
         self.visibility_timeout_s = DEFAULT_VISIBILITY_TIMEOUT_MS / 1000
         self.max_attempts = DEFAULT_MAX_ATTEMPTS
-        self._metrics: BoundWorkerMetrics | None = (
-            metrics.bind(tenant, namespace, stream, group) if metrics is not None else None)
+        self._max_attempts = {name: DEFAULT_MAX_ATTEMPTS for name in self.streams}
+        self._metrics: dict[str, BoundWorkerMetrics] | None = None if metrics is None else {
+            name: metrics.bind(tenant, namespace, name, group) for name in self.streams}
         self._stats_lock = threading.Lock()  # handler threads report at once; uncontended in asyncio
-        self._group = client.group_sharded(tenant, namespace, stream, group, consumer)
+        # one stream's name as given, and weights only when there are: a client of one's
+        # own with the older group_sharded signature keeps working
+        where = self.stream if len(self.streams) == 1 else self.streams
+        extra = {} if self.weights is None else {"weights": self.weights}
+        self._group = client.group_sharded(tenant, namespace, where, group, consumer, **extra)
         self._source = self._group
-        self._where = f"{tenant}/{namespace}/{stream}"
+        self._wheres = {name: f"{tenant}/{namespace}/{name}" for name in self.streams}
+        self._where = f"{tenant}/{namespace}/{','.join(self.streams)}"
         self._init_runtime()
 
     @property
     def stopping(self) -> bool:
         return bool(self._stopping.is_set())
 
-    def _configure(self, info: GroupInfo) -> None:
-        """Takes the group's visibility timeout and max attempts (stored in Redis) and
-        checks the shard subset against the stream."""
-        self.visibility_timeout_s = info.visibility_timeout_ms / 1000
-        self.max_attempts = info.max_attempts
+    def max_attempts_of(self, item: Item) -> int:
+        """The max attempts of the group on the stream ``item`` came from."""
+        return self._max_attempts.get(item.stream, self.max_attempts)
+
+    def _configure(self, infos: list[GroupInfo]) -> None:
+        """Takes the group's visibility timeout and max attempts (stored in Redis, per
+        stream: ``infos`` in the order of ``streams``) and checks the shard subset
+        against the stream."""
+        self.visibility_timeout_s = min(info.visibility_timeout_ms for info in infos) / 1000
+        self._max_attempts = {name: info.max_attempts for name, info in zip(self.streams, infos, strict=True)}
+        self.max_attempts = infos[0].max_attempts
+        info = infos[0]
         if self.shards is not None:
             bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
             if bad:
@@ -492,7 +517,7 @@ class WorkerBase:
             log.debug("handler raised for %s", record.claim, exc_info=exc)
         with self._stats_lock:
             self.stats.failed += 1
-        decision = decide(exc, record.attempts, self.max_attempts, self.backoff, self.dead_letter_on)
+        decision = decide(exc, record.attempts, self.max_attempts_of(job.item), self.backoff, self.dead_letter_on)
         detail = f"error={decision.reason!r}"
         try:
             if decision.dead:
@@ -508,7 +533,7 @@ class WorkerBase:
         except FelixError as error:
             outcome = UNSETTLED
             detail += f" settle_error={error!r}"
-        self._outcome(record, outcome, duration, detail, failed=True)
+        self._outcome(job.item, outcome, duration, detail, failed=True)
         self._release(job)
 
     def _settle_turn(self, linger: float) -> tuple[list[Finished], float | None] | None:
@@ -541,7 +566,7 @@ class WorkerBase:
     def _acked(self, batch: list[Finished], outcome: str, detail: str = "") -> None:
         """Reports the outcome of finished jobs whose ack was sent, and frees their slots."""
         for job, duration, _ in batch:
-            self._outcome(job.item.record, outcome, duration, detail)
+            self._outcome(job.item, outcome, duration, detail)
             self._release(job)
 
     def _heartbeat_timing(self) -> tuple[float, float]:
@@ -560,14 +585,14 @@ class WorkerBase:
                     and now - job.started > self.hard_limit_s):
                 job.abandoned = True
                 log.warning("job stream=%s claim=%s ran past the hard limit of %gs; its lease will lapse",
-                            self._where, job.item.claim, self.hard_limit_s)
+                            self._wheres[job.item.stream], job.item.claim, self.hard_limit_s)
                 continue
             job.renewed = now
             try:
                 yield Call(self._group.extend, job.item)
             except StaleClaim:
                 job.abandoned = True
-                log.warning("job stream=%s claim=%s lost its lease", self._where, job.item.claim)
+                log.warning("job stream=%s claim=%s lost its lease", self._wheres[job.item.stream], job.item.claim)
             except FelixError as exc:
                 log.error("extend of %s failed: %s", job.item.claim, exc)
 
@@ -584,7 +609,7 @@ class WorkerBase:
         except FelixError as error:
             outcome = UNSETTLED
             detail += f" settle_error={error!r}"
-        self._outcome(job.item.record, outcome, duration, detail)
+        self._outcome(job.item, outcome, duration, detail)
         self._release(job)
 
     def _schedule_plan(self, off: set[str]) -> Plan:
@@ -593,8 +618,7 @@ class WorkerBase:
         ticks saw, at least TICK_MIN_S and at most TICK_MAX_S, or until the worker stops.
         A stream this Redis user may not tick (no stream.publish role) goes into ``off``."""
         wait = TICK_MAX_S
-        streams = list(self.stream) if isinstance(self.stream, (list, tuple)) else [self.stream]
-        for stream in streams:
+        for stream in self.streams:
             if stream in off:
                 continue
             try:
@@ -614,9 +638,11 @@ class WorkerBase:
                 wait = min(wait, ticked.wait_s)
         yield Call(self._schedule_idle, max(TICK_MIN_S, wait))
 
-    def _outcome(self, record: Record, outcome: str, duration: float, detail: str = "", failed: bool = False) -> None:
+    def _outcome(self, item: Item, outcome: str, duration: float, detail: str = "", failed: bool = False) -> None:
+        metrics = None if self._metrics is None else self._metrics[item.stream]
         with self._stats_lock:
-            report_outcome(self.stats, self._metrics, self._where, record, outcome, duration, detail, failed)
+            report_outcome(self.stats, metrics, self._wheres[item.stream], item.record, outcome, duration, detail,
+                           failed)
 
     # -- logs and signals
 

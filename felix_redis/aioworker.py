@@ -92,7 +92,8 @@ class AsyncWorker(WorkerBase):
     # -- the loop, step by step
 
     async def _startup(self) -> None:
-        self._configure(await self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
+        self._configure([await self.client.group_describe(self.tenant, self.namespace, stream, self.group)
+                         for stream in self.streams])
         self._finished = []
         self._settle_wake = asyncio.Event()
         self._settle_stop = False
@@ -136,14 +137,14 @@ class AsyncWorker(WorkerBase):
         self._jobs[job] = asyncio.create_task(self._run_job(job))
         self.stats.in_flight = len(self._jobs)
         if self._metrics:
-            self._metrics.started()
+            self._metrics[job.item.stream].started()
 
     def _release(self, job: Job) -> None:
         self._jobs.pop(job, None)
         self.stats.in_flight = len(self._jobs)
         self._changed.set()
         if self._metrics:
-            self._metrics.released()
+            self._metrics[job.item.stream].released()
 
     # -- jobs
 

@@ -557,10 +557,10 @@ class AsyncClient(_AwaitsToItself):
         return await self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
-        reclaim: bool = True, shards: Iterable[int] | None = None,
+        self, tenant: str, namespace: str, stream: str | Sequence[str], group: str, consumer: str | None = None,
+        reclaim: bool = True, shards: Iterable[int] | None = None, weights: Sequence[int] | None = None,
     ) -> AsyncShardedGroup:
-        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards)
+        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
 
     async def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -687,10 +687,11 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
     group itself), like every other call of the asyncio client."""
 
     def __init__(
-        self, client: AsyncClient, tenant: str, namespace: str, stream: str, group: str,
+        self, client: AsyncClient, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
+        weights: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
         self._client = client
 
     async def poll(

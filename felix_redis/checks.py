@@ -15,6 +15,7 @@ from typing import Any
 
 from felix_redis import constants as C
 from felix_redis.errors import InvalidArgument
+from felix_redis.keys import check_name
 from felix_redis.models import DeadLetter, Published, Record, parse_claim
 
 #: The largest offset a shard hands out (2**52: exact in a Lua number, a double).
@@ -37,6 +38,30 @@ def check_list(value: object, what: str) -> list[Any]:
     if isinstance(value, (str, bytes, bytearray, memoryview, Published)) or not isinstance(value, Iterable):
         raise InvalidArgument(f"{what} must be a list, got {type(value).__name__}")
     return list(value)
+
+
+def check_streams(streams: object, weights: object = None) -> tuple[list[str], list[int] | None]:
+    """The stream names of a group that polls one stream, or several in priority order
+    (a list), and their ``weights`` (None: strict order; else one whole number from 1
+    to ``MAX_STREAM_WEIGHT`` per stream)."""
+    if isinstance(streams, str):
+        names = [check_name(streams, "stream")]
+    elif isinstance(streams, (list, tuple)):
+        names = [check_name(s, "stream") for s in streams]
+        if not names:
+            raise InvalidArgument("streams must name at least one stream")
+        if len(names) > C.MAX_PRIORITY_STREAMS:
+            raise InvalidArgument(f"a group polls at most {C.MAX_PRIORITY_STREAMS} streams, got {len(names)}")
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"streams names a stream twice: {names}")
+    else:
+        raise InvalidArgument(f"stream name must be a string, or a list of them, got {type(streams).__name__}")
+    if weights is None:
+        return names, None
+    checked = [check_int(w, "weight", 1, C.MAX_STREAM_WEIGHT) for w in check_list(weights, "weights")]
+    if len(checked) != len(names):
+        raise InvalidArgument(f"weights needs one weight per stream: {len(names)} stream(s), {len(checked)} weight(s)")
+    return names, checked
 
 
 def check_int(value: object, what: str, lo: int, hi: int) -> int:

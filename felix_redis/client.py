@@ -630,11 +630,13 @@ class Client:
         return self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
-        reclaim: bool = True, shards: Iterable[int] | None = None,
+        self, tenant: str, namespace: str, stream: str | Sequence[str], group: str, consumer: str | None = None,
+        reclaim: bool = True, shards: Iterable[int] | None = None, weights: Sequence[int] | None = None,
     ) -> ShardedGroup:
-        """The group across every shard (or ``shards``), for workers (see ShardedGroup)."""
-        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards)
+        """The group across every shard (or ``shards``), for workers (see ShardedGroup).
+        ``stream``: a name, or a list of names in priority order (``weights``: None for
+        strict order, else one weight per stream)."""
+        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
 
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -792,22 +794,27 @@ class IdempotentProducer:
 
 
 class ShardedGroup(ShardedGroupBase):
-    """One group across all shards of a stream: fair polling, settles routed to the
-    item's shard. ``consumer``: poll as that consumer; ``reclaim``: take back its own
-    in-flight records on the first poll of each shard; ``shards``: only these shards."""
+    """One group across all shards of a stream, or of several streams in priority order:
+    fair polling, settles routed to the item's stream and shard. ``consumer``: poll as
+    that consumer; ``reclaim``: take back its own in-flight records on the first poll of
+    each shard; ``shards``: only these shards (of a single stream); ``weights``: with
+    several streams, None takes from a stream only what the streams before it could not
+    fill, weights share the hand-outs in that proportion while all are busy."""
 
     def __init__(
-        self, client: Client, tenant: str, namespace: str, stream: str, group: str,
+        self, client: Client, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
+        weights: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
         self._client = client
 
     def poll(
         self, max_records: int = 16, wait: float | None = None, *, ack: Iterable[Ref] | None = None
     ) -> list[Item]:
-        """Up to ``max_records`` items, taken fairly from all shards; ``wait``: seconds
-        to block (on every shard at once) when nothing is due. ``ack``: items to ack
+        """Up to ``max_records`` items, taken fairly from all shards (of the streams in
+        their order); ``wait``: seconds to block (on every shard of every stream at once)
+        when nothing is due. ``ack``: items to ack
         first, in the same round trip (each with its shard's poll). If the poll raises,
         those acks may not have been applied: ack them again (acks are idempotent)."""
         return self._client._drive(self._poll_plan(max_records, wait, ack))

@@ -80,3 +80,7 @@ def env_int(name: str, default: int) -> int:
 #: said something is due now (its scan stopped at its bound in a long run of delayed
 #: records), before it blocks or returns.
 POLL_AGAIN_MAX = 64
+
+#: Most streams one group polls in priority order, and the largest weight one may have.
+MAX_PRIORITY_STREAMS = 64
+MAX_STREAM_WEIGHT = 1000

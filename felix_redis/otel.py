@@ -167,7 +167,7 @@ def _process(worker: Any, item: Any) -> Iterator[Any]:
         yield None
         return
     record = item.record
-    where = f"{worker.tenant}/{worker.namespace}/{worker.stream}"
+    where = f"{worker.tenant}/{worker.namespace}/{item.stream}"
     parent = propagate.extract(record.headers or {})
     attributes = {
         "messaging.system": SYSTEM,
@@ -185,7 +185,7 @@ def _process(worker: Any, item: Any) -> Iterator[Any]:
             yield span
         except BaseException as exc:
             # what the worker does next (it decides the same way once the span is over)
-            decision = decide(exc, record.attempts, worker.max_attempts, worker.backoff, worker.dead_letter_on)
+            decision = decide(exc, record.attempts, worker.max_attempts_of(item), worker.backoff, worker.dead_letter_on)
             if decision.dead:
                 span.add_event("felix_redis.dead_letter", {"felix_redis.reason": decision.reason})
             else:

@@ -74,7 +74,7 @@ from felix_redis.producers import ProducerPool, ProducerState, after_failed_send
 from felix_redis.replies import as_text, flat_dict, parse_delivered, parse_records, stream_tails
 from felix_redis.retention import Retention
 from felix_redis.schedules import schedule_keys
-from felix_redis.sharded import ShardedPoll
+from felix_redis.sharded import PollState, ShardedPoll, Source
 
 __all__ = [
     # the plans' vocabulary, for the drivers (felix_redis.plans and friends hold them)
@@ -929,58 +929,69 @@ class Core:
         self,
         tenant: str,
         namespace: str,
-        stream: str,
+        streams: Sequence[str],
         group: str,
         max_records: int,
         wait: float | None,
         consumer: str | None,
-        reclaimed: set[int],
-        cursor: int,
+        state: PollState,
         reclaim: bool = True,
         only: Sequence[int] | None = None,
-        ack: dict[int, list[Any]] | None = None,
-    ) -> Plan[tuple[list[Record], int]]:
-        """Polls every shard (or ``only`` these) fairly (:class:`ShardedPoll`): a quota
-        per shard first (starting from a rotating shard), then what is left from shards
-        that had more. Returns (records, cursor).
-        ``ack``: records to ack first, by shard; each shard's ride on its first poll of
-        this call, those of shards not polled in the first pass go in the same round trip.
-        When a call that carried acks fails, the poll raises (ack those records again)."""
+        ack: dict[tuple[int, int], list[Any]] | None = None,
+        weights: Sequence[int] | None = None,
+    ) -> Plan[list[list[Record]]]:
+        """Polls every shard (or ``only`` these) of ``streams`` (checked by
+        :func:`check_streams`, with ``weights``) fairly (:class:`ShardedPoll`): per
+        stream, a quota per shard first (starting from a rotating shard), then what is
+        left from shards that had more; a stream only for what the streams before it
+        (in order, or led by the weights' pick) could not fill. Returns the records per
+        stream (by index). ``state``: the group's :class:`PollState`, updated.
+        ``ack``: records to ack first, by (stream index, shard); each shard's ride on
+        its first poll of this call, the others go with the first round trip. When a
+        call that carried acks fails, the poll raises (ack those records again)."""
         max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
         wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
         if consumer is not None:
             check_name(consumer, "consumer")
-        name = self.cache.name(tenant, namespace, stream)
         check_name(group, "group")
-        settings = yield from self.settings(name)
-        name = self.cache.laid(name, settings)
-        chosen = list(range(settings.shards)) if only is None else [
-            self.shard_of(name, settings, s) for s in dict.fromkeys(only)]
-        if not chosen:
-            raise InvalidArgument("a sharded group needs at least one shard")
-        acks: dict[int, list[int]] = {}
-        for shard, refs in (ack or {}).items():
-            checked = self.shard_of(name, settings, shard)
-            acks[checked] = ack_offsets(refs, checked)
-        poll = ShardedPoll(self.cache, name, settings, group, chosen, max_records, wait_ms, consumer, reclaim,
-                           reclaimed, acks)
-        return (yield from poll.run(cursor))
+        if only is not None and len(streams) > 1:
+            raise InvalidArgument("shards= picks shards of one stream; a group over several streams polls them all")
+        sources = []
+        for index, stream in enumerate(streams):
+            name = self.cache.name(tenant, namespace, stream)
+            settings = yield from self.settings(name)
+            name = self.cache.laid(name, settings)
+            chosen = list(range(settings.shards)) if only is None else [
+                self.shard_of(name, settings, s) for s in dict.fromkeys(only)]
+            if not chosen:
+                raise InvalidArgument("a sharded group needs at least one shard")
+            sources.append(Source(index, name, settings, chosen, {}))
+        for (index, shard), refs in (ack or {}).items():
+            source = sources[index]
+            checked = self.shard_of(source.name, source.settings, shard)
+            source.acks[checked] = ack_offsets(refs, checked)
+        poll = ShardedPoll(self.cache, group, sources, max_records, wait_ms, consumer, reclaim, state,
+                           None if weights is None else list(weights))
+        return (yield from poll.run())
 
     def ack_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, by_shard: dict[int, list[Any]]
+        self, tenant: str, namespace: str, group: str, by_target: dict[tuple[str, int], list[Any]]
     ) -> Plan[int]:
-        """Acks records of several shards: one script call per shard, one round trip.
-        Each record is settled on its own; records never delivered raise NotDelivered
-        after the others were acked."""
+        """Acks records of several shards, of one or more streams (``by_target``: refs
+        by (stream, shard)): one script call per shard, one round trip. Each record is
+        settled on its own; records never delivered raise NotDelivered after the others
+        were acked."""
         calls, where = [], []
-        for shard, refs in by_shard.items():
+        streams = list(dict.fromkeys(stream for stream, _shard in by_target))
+        for (stream, shard), refs in by_target.items():
             _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
                 or (yield from self.group_op(tenant, namespace, stream, shard, group))
             offsets = offsets_of(refs, shard)
+            label = f"{shard}" if len(streams) == 1 else f"{stream} {shard}"
             for start in range(0, len(offsets), C.MAX_BATCH):
                 chunk = offsets[start:start + C.MAX_BATCH]
                 calls.append(Eval("group_ack", keys, chunk, context, settings.replicas))
-                where.append((shard, chunk))
+                where.append((label, chunk))
         if not calls:
             return 0
         replies = yield Batch(calls)
@@ -989,8 +1000,10 @@ class Core:
                 raise reply
         statuses = [int(x) for reply in replies for x in reply]
         if -1 in statuses:
-            claims = [f"{shard}:{off}" for shard, chunk in where for off in chunk]
-            raise not_delivered(f"group {group} on stream {tenant}/{namespace}/{stream}", claims, statuses)
+            claims = [f"{label}:{off}" for label, chunk in where for off in chunk]
+            paths = ", ".join(f"{tenant}/{namespace}/{stream}" for stream in streams)
+            raise not_delivered(f"group {group} on stream{'s' if len(streams) > 1 else ''} {paths}", claims,
+                                statuses)
         return sum(statuses)
 
     def group_ack(

@@ -146,7 +146,8 @@ class Worker(WorkerBase):
     # -- the loop, step by step
 
     def _startup(self) -> None:
-        self._configure(self.client.group_describe(self.tenant, self.namespace, self.stream, self.group))
+        self._configure([self.client.group_describe(self.tenant, self.namespace, stream, self.group)
+                         for stream in self.streams])
         self._done.clear()
         self._queue = queue.SimpleQueue()
         self._finished = []
@@ -199,7 +200,7 @@ class Worker(WorkerBase):
             self._jobs.add(job)
             self.stats.in_flight = len(self._jobs)
         if self._metrics:
-            self._metrics.started()
+            self._metrics[job.item.stream].started()
         self._queue.put(job)
 
     def _release(self, job: Job) -> None:
@@ -208,7 +209,7 @@ class Worker(WorkerBase):
             self.stats.in_flight = len(self._jobs)
             self._slots.notify_all()
         if self._metrics:
-            self._metrics.released()
+            self._metrics[job.item.stream].released()
 
     # -- handler threads
 

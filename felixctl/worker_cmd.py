@@ -32,6 +32,9 @@ from felixctl.common import (
 
 __all__ = ["metrics", "worker"]
 
+#: tenant, namespace, stream (or streams in priority order), group
+Where = tuple[str, str, str | list[str], str]
+
 _BACKOFF = Backoff()
 
 
@@ -94,15 +97,21 @@ def _setup_logging(level: str) -> None:
     "felixctl --tenant acme --namespace prod worker jobs workers myapp.tasks:handle --concurrency 8",
     "felixctl worker jobs workers myapp.tasks:handle --burst          # exit once the queue is drained",
     "felixctl worker jobs workers myapp.tasks:handle --metrics-listen 127.0.0.1:9109",
+    "felixctl worker urgent,default,bulk workers myapp.tasks:handle                 # strict priority order",
+    "felixctl worker urgent,default,bulk workers myapp.tasks:handle --weights 6,3,1 # shares while all are busy",
     note="MODULE is imported from the current directory too. See docs/worker.md.",
 ))
-@click.argument("stream")
+@click.argument("stream", metavar="STREAM[,STREAM...]")
 @click.argument("group")
 @click.argument("handler", metavar="MODULE:FUNCTION")
 @click.option("-c", "--concurrency", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Most records in flight (threads, or tasks for an async handler).")
 @click.option("--consumer", default=None, help="A stable consumer name; a restart takes back its own records.")
-@click.option("--shards", default=None, metavar="LIST", help="Poll only these shards, e.g. 0,2,5-7 (default: all).")
+@click.option("--shards", default=None, metavar="LIST", help="Poll only these shards, e.g. 0,2,5-7 (default: all; "
+              "one stream only).")
+@click.option("--weights", default=None, metavar="LIST",
+              help="With several streams: one whole-number weight each, e.g. 6,3,1; hand-outs follow them while all "
+              "streams are busy (default: strict order, a stream gets only what those before it could not fill).")
 @click.option("--burst", is_flag=True, help="Exit once nothing is due and nothing is in flight.")
 @click.option("--grace", "grace_s", type=click.FloatRange(0), default=DEFAULT_GRACE_S, show_default=True,
               help="Seconds running handlers may finish after SIGTERM/SIGINT.")
@@ -126,11 +135,13 @@ def _setup_logging(level: str) -> None:
 @click.pass_context
 def worker(
     ctx: click.Context, stream: str, group: str, handler: str, concurrency: int, consumer: str | None,
-    shards: str | None, burst: bool, grace_s: float, hard_limit_s: float | None, poll_wait_s: float,
+    shards: str | None, weights: str | None, burst: bool, grace_s: float, hard_limit_s: float | None,
+    poll_wait_s: float,
     backoff_base: float, backoff_factor: float, backoff_max: float, backoff_jitter: float,
     metrics_listen: str | None, log_level: str, redis_url: str | None, tenant: str, namespace: str,
 ) -> None:
-    """Run MODULE:FUNCTION for every record of GROUP on STREAM.
+    """Run MODULE:FUNCTION for every record of GROUP on STREAM (or on several streams,
+    comma-separated, in priority order).
 
     The function gets a felix_redis.Record. Returning acks the record; raising
     felix_redis.worker.Retry(after=s) retries after s seconds; raising Fatal dead-letters
@@ -148,16 +159,19 @@ def worker(
         fn = import_handler(handler)
     except (ImportError, AttributeError, ValueError) as exc:
         raise click.BadParameter(f"cannot import {handler}: {exc}", param_hint="MODULE:FUNCTION") from None
+    streams: str | list[str] = stream.split(",") if "," in stream else stream
     try:
         shard_list = parse_shards(shards) if shards is not None else None
+        weight_list = _weights(weights) if weights is not None else None
         backoff = Backoff(backoff_base, backoff_factor, backoff_max, backoff_jitter)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     options: dict[str, Any] = dict(
+        weights=weight_list,
         concurrency=concurrency, consumer=consumer, shards=shard_list, backoff=backoff, poll_wait_s=poll_wait_s,
         grace_s=grace_s, hard_limit_s=hard_limit_s, burst=burst, metrics=_worker_metrics(metrics_listen),
     )
-    where = (ctl.tenant, ctl.namespace, stream, group)
+    where = (ctl.tenant, ctl.namespace, streams, group)
     try:
         if is_async_handler(fn):
             asyncio.run(_run_async(ctl.url, where, fn, options))
@@ -165,6 +179,14 @@ def worker(
             _run_sync(ctl.url, where, fn, options)
     except (FelixError, ValueError) as exc:
         raise as_operation_error(exc, ctl.known_url) or OperationError(" ".join(str(exc).split())) from None
+
+
+def _weights(text: str) -> list[int]:
+    """``--weights 6,3,1``: whole numbers (the worker checks their range and count)."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--weights takes whole numbers separated by commas, e.g. 6,3,1; got {text!r}")
+    return [int(p) for p in parts]
 
 
 def _worker_metrics(listen: str | None) -> Any:
@@ -190,7 +212,7 @@ def _worker_metrics(listen: str | None) -> Any:
     return default_worker_metrics()
 
 
-def _run_sync(url: str | None, where: tuple[str, str, str, str], fn: Any, options: dict[str, Any]) -> None:
+def _run_sync(url: str | None, where: Where, fn: Any, options: dict[str, Any]) -> None:
     import felix_redis
     from felix_redis.worker import Worker
 
@@ -198,7 +220,7 @@ def _run_sync(url: str | None, where: tuple[str, str, str, str], fn: Any, option
         Worker(client, *where, fn, **options).run()
 
 
-async def _run_async(url: str | None, where: tuple[str, str, str, str], fn: Any, options: dict[str, Any]) -> None:
+async def _run_async(url: str | None, where: Where, fn: Any, options: dict[str, Any]) -> None:
     from felix_redis.aioworker import AsyncWorker
     from felix_redis.asyncio import connect
 

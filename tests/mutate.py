@@ -309,6 +309,22 @@ MUTATIONS: list[Mutation] = [
              "                yield Call(self._sleep, 0.0)\n",
              "tests/test_worker.py -k extended",
              "the worker never extends the leases of running handlers"),
+    # ---- priorities across streams
+    mutation("P1", "priorities", "felix_redis/sharded.py",
+             "                want = self.max_records - self.count\n"
+             "                if want <= 0:\n                    break\n",
+             "                want = self.max_records\n",
+             "tests/test_priorities.py -k 'strict_order and redis'",
+             "a poll takes from every stream, not only what the streams before it could not fill"),
+    mutation("P2", "priorities", "felix_redis/sharded.py",
+             "            state.left = weights[state.lead]\n", "            state.left = 10**9\n",
+             "tests/test_priorities.py -k 'weights_share and redis'",
+             "the weighted order never ends a run: the first stream leads every poll, the others starve"),
+    mutation("P3", "priorities", "felix_redis/sharded.py",
+             "        for other in (self.sources if carry_all else (source,)):\n",
+             "        for other in (source,):\n",
+             "tests/test_priorities.py -k 'strict_order and redis'",
+             "acks of streams a poll does not reach are never sent: those records are redelivered"),
 ]
 
 

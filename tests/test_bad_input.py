@@ -144,7 +144,8 @@ def store(backend: tuple[str, Any]) -> Any:
 BAD_NAMES: list[Any] = [
     "", "a{b", "a}b", "{jobs}", "a:b", "a/b", "a b", " a", "a ", "a\tb", "a\nb", "a\x00b", "a\x7f",
     "a|b", "a*b", "a?b", "é", "jöbs", "名前", "\u200b", "a\u0301", "-a", ".a", "_a", "x" * 65,
-    "x" * 10_240, None, 5, 0, True, b"jobs", 1.5, ["jobs"], {"a": 1},
+    # (a list of good names is a group's streams in priority order: a list with a bad one)
+    "x" * 10_240, None, 5, 0, True, b"jobs", 1.5, ["jobs", "a b"], {"a": 1},
 ]
 SLOTS = ("tenant", "namespace", "stream", "group")
 

@@ -205,6 +205,32 @@ def test_sharded_group_polls_and_long_polls_across_nodes(client: felix_redis.Cli
     assert got_at - sent_at < 4.0, f"the long poll answered {got_at - sent_at:.2f}s after the publish"
 
 
+def test_a_group_over_several_streams_long_polls_all_of_them_across_nodes(client: felix_redis.Client) -> None:
+    """Priorities across streams on a Cluster: one long poll blocks on every shard of
+    every stream, wherever its node; a publish to the last stream, on a node other than
+    the first stream's shard 0, wakes it."""
+    first, last = _stream(client, shards=1), _stream(client, shards=SHARDS)
+    for stream in (first, last):
+        client.group_create(T, N, stream, "workers")
+    group = client.group_sharded(T, N, [first, last], "workers", weights=[2, 1])
+    assert group.poll(8) == []
+    far = next(s for s in range(SHARDS) if _port_of(client, last, s) != _port_of(client, first, 0))
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.append((group.poll(4, wait=8), time.monotonic())), daemon=True)
+    waiter.start()
+    time.sleep(0.5)
+    sent_at = time.monotonic()
+    client.publish(T, N, last, b"wake", shard=far)
+    waiter.join(timeout=15)
+    assert not waiter.is_alive(), "the long poll never returned"
+    (items, got_at), = result
+    assert [(i.stream, i.shard, i.payload) for i in items] == [(last, far, b"wake")]
+    assert got_at - sent_at < 4.0, f"the long poll answered {got_at - sent_at:.2f}s after the publish"
+    client.publish(T, N, first, b"urgent")
+    assert group.ack_many(items) == 1
+    assert [(i.stream, i.payload) for i in group.poll(4)] == [(first, b"urgent")]
+
+
 def test_async_sharded_long_poll_across_nodes(cluster: ClusterTopology) -> None:
     sync = felix_redis.connect(cluster.url)
     stream = _stream(sync)

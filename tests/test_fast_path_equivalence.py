@@ -37,7 +37,7 @@ def rec(shard: int = 0, offset: int = 0, attempts: int = 1) -> Record:
 
 REFS: list[Any] = [
     0, 1, 15, 2**52, 2**52 + 1, -1, True, False, 1.0, "0:3:1", "0:3", "1:3:1", "bad", b"3", None,
-    [3], Shard.ONE, rec(0, 7), rec(1, 7), rec(0, 9, attempts=0), Item(rec(0, 11)), Item(rec(2, 11)),
+    [3], Shard.ONE, rec(0, 7), rec(1, 7), rec(0, 9, attempts=0), Item(rec(0, 11), S), Item(rec(2, 11), S),
     DeadLetter(0, 12, 5, "r", 0), DeadLetter(1, 12, 5, "r", 0),
 ]
 

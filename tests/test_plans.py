@@ -19,6 +19,7 @@ from felix_redis.models import Published, Record
 from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Sleep
 from felix_redis.producers import ProducerState
 from felix_redis.protocol import Core
+from felix_redis.sharded import PollState
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 Answer = Callable[[Any], Any]
@@ -138,7 +139,134 @@ def test_poll_without_wait_returns_at_once() -> None:
 
 def sharded(core: Core, *, max_records: int = 4, wait: float | None = None, ack: dict[int, list[Any]] | None = None,
             cursor: int = 0, consumer: str | None = None) -> Generator[Any, Any, tuple[list[Record], int]]:
-    return core.sharded_poll(T, N, S, G, max_records, wait, consumer, set(), cursor, ack=ack)
+    """A poll of one stream's shards: (records, the cursor after it)."""
+    state = PollState(1)
+    state.cursors[0] = cursor
+    per_stream = yield from core.sharded_poll(
+        T, N, [S], G, max_records, wait, consumer, state,
+        ack=None if ack is None else {(0, shard): refs for shard, refs in ack.items()})
+    return per_stream[0], state.cursors[0]
+
+
+def with_streams(core: Core, shards: dict[str, int]) -> Core:
+    """``core`` with the settings of more streams cached (name: shards)."""
+    for stream, count in shards.items():
+        drive(core.settings(core.name(T, N, stream)), lambda op, count=count: info(count))
+    return core
+
+
+def stream_of(op: Eval) -> str:
+    return op.keys[0].split("}")[0].split("/")[2]
+
+
+def test_strict_order_takes_from_a_stream_only_what_the_streams_before_it_could_not_fill() -> None:
+    core = with_streams(core_with(1), {"bulk": 1})
+    state = PollState(2)
+    have = {S: [1, 2, 3], "bulk": [7, 8, 9, 10]}
+
+    def poll(op: Eval) -> Any:
+        taken = have[stream_of(op)][: op.args[0]]
+        del have[stream_of(op)][: len(taken)]
+        return polled(taken)
+
+    def ack(op: Eval) -> Any:
+        return [1] * len(op.args)
+
+    # 2 wanted, the first stream holds 3: the second is not polled, but its acks go along
+    per_stream, ops = drive(core.sharded_poll(T, N, [S, "bulk"], G, 2, None, None, state, ack={(1, 0): [4]}),
+                            answering(group_poll=poll, group_ack=ack))
+    assert [[r.offset for r in records] for records in per_stream] == [[1, 2], []]
+    assert len(ops) == 1 and [(e.script, stream_of(e)) for e in ops[0].ops] == [
+        ("group_poll", S), ("group_ack", "bulk")]
+    # 4 wanted: 1 left in the first, the other 3 from the second, in a round trip of its own
+    per_stream, ops = drive(core.sharded_poll(T, N, [S, "bulk"], G, 4, None, None, state),
+                            answering(group_poll=poll))
+    assert [[r.offset for r in records] for records in per_stream] == [[3], [7, 8, 9]]
+    assert [[(stream_of(e), e.args[0]) for e in op.ops] for op in ops] == [[(S, 4)], [("bulk", 3)]]
+
+
+def test_weights_share_the_hand_outs_of_busy_streams_and_starve_none() -> None:
+    core = with_streams(core_with(1), {"default": 1, "bulk": 1})
+    state = PollState(3)
+    led: list[str] = []
+
+    def poll(op: Eval) -> Any:
+        return polled([1] * op.args[0])  # every stream busy
+
+    for _ in range(20):
+        _per_stream, ops = drive(core.sharded_poll(T, N, [S, "default", "bulk"], G, 4, None, None, state,
+                                                   weights=[6, 3, 1]), answering(group_poll=poll))
+        (batch,) = ops
+        led.append(stream_of(batch.ops[0]))
+    assert [led.count(s) for s in (S, "default", "bulk")] == [12, 6, 2]
+    assert all("bulk" in led[i:i + 10] for i in range(0, 20, 10))  # every run of 10 polls serves it
+
+
+def test_a_weighted_poll_fills_from_the_other_streams_by_weight_when_its_lead_is_empty() -> None:
+    core = with_streams(core_with(1), {"default": 1, "bulk": 1})
+    state = PollState(3)
+    state.lead, state.left = 2, 1  # "bulk" leads this poll
+    have = {S: [1], "default": [5, 6, 7], "bulk": []}
+
+    def poll(op: Eval) -> Any:
+        taken = have[stream_of(op)][: op.args[0]]
+        del have[stream_of(op)][: len(taken)]
+        return polled(taken)
+
+    per_stream, ops = drive(core.sharded_poll(T, N, [S, "default", "bulk"], G, 3, None, None, state,
+                                              weights=[1, 5, 2]), answering(group_poll=poll))
+    assert [stream_of(op.ops[0]) for op in ops] == ["bulk", "default"]
+    assert [[r.offset for r in records] for records in per_stream] == [[], [5, 6, 7], []]
+
+
+def test_a_lead_with_nothing_to_hand_out_gives_up_the_rest_of_its_run() -> None:
+    core = with_streams(core_with(1), {"bulk": 1})
+    state = PollState(2)
+    have = {S: [], "bulk": list(range(100))}
+
+    def poll(op: Eval) -> Any:
+        taken = have[stream_of(op)][: op.args[0]]
+        del have[stream_of(op)][: len(taken)]
+        return polled(taken)
+
+    leads = []
+    for _ in range(4):
+        _per_stream, ops = drive(core.sharded_poll(T, N, [S, "bulk"], G, 2, None, None, state, weights=[5, 1]),
+                                 answering(group_poll=poll))
+        leads.append(stream_of(ops[0].ops[0]))
+    # the first stream leads once, finds nothing, and its run of 5 ends: "bulk" leads
+    # its run of 1, then the first stream again (one round trip wasted per cycle)
+    assert leads == [S, "bulk", S, "bulk"]
+
+
+def test_an_empty_long_poll_over_several_streams_blocks_on_all_of_them_at_once() -> None:
+    core = with_streams(core_with(2), {"bulk": 1})
+    state = PollState(2)
+    answers = iter([polled([], tail=3, wake=1), polled([], tail=4, wake=2), polled([], due=1050, tail=9, wake=5),
+                    polled([]), polled([]), polled([11])])
+
+    def answer(op: Any) -> Any:
+        if type(op) is BlockAny:
+            return None
+        return [next(answers) for _ in op.ops] if type(op) is Batch else next(answers)
+
+    per_stream, ops = drive(core.sharded_poll(T, N, [S, "bulk"], G, 4, 10.0, None, state), answer)
+    (block,) = [op for op in ops if type(op) is BlockAny]
+    assert sorted(last for _key, last in block.streams) == ["1-1", "2-1", "3-0", "4-0", "5-1", "9-0"]
+    assert len({key.split("}")[0] for key, _last in block.streams}) == 3  # 2 shards of one stream, 1 of the other
+    assert block.block_ms == 51  # the second stream's record falls due first
+    assert [[r.offset for r in records] for records in per_stream] == [[], [11]]
+
+
+def test_a_lost_call_of_a_later_stream_hands_out_what_the_earlier_ones_leased() -> None:
+    core = with_streams(core_with(1), {"bulk": 1})
+
+    def poll(op: Eval) -> Any:
+        return ConnectionFailed("lost") if stream_of(op) == "bulk" else polled([1])
+
+    per_stream, _ops = drive(core.sharded_poll(T, N, [S, "bulk"], G, 4, None, None, PollState(2)),
+                             answering(group_poll=poll))
+    assert [[r.offset for r in records] for records in per_stream] == [[1], []]
 
 
 def test_first_pass_asks_every_shard_for_a_quota_in_one_round_trip_then_fills_up() -> None:

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -86,10 +86,10 @@ class LoggingClient(Client):
     """A Client whose sharded groups log their hand-outs."""
 
     def group_sharded(
-        self, tenant: str, namespace: str, stream: str, group: str, consumer: str | None = None,
-        reclaim: bool = True, shards: Iterable[int] | None = None,
+        self, tenant: str, namespace: str, stream: str | Sequence[str], group: str, consumer: str | None = None,
+        reclaim: bool = True, shards: Iterable[int] | None = None, weights: Sequence[int] | None = None,
     ) -> ShardedGroup:
-        return LoggingGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards)
+        return LoggingGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
 
 
 def handle(record: Record) -> None:
