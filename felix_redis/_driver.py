@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,7 +28,7 @@ from redis.exceptions import (
 from felix_redis import scripts
 from felix_redis.checks import check_streams
 from felix_redis.connection import NotTlsError, SentinelsFailed
-from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE
+from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE, MAX_BATCH
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
@@ -39,6 +41,8 @@ from felix_redis.lane import NotSent
 from felix_redis.models import Record, StreamInfo, parse_claim
 from felix_redis.protocol import TRANSIENT_ERRORS, Batch, Core, Eval, Op, Plan, check_list, retry_delays
 from felix_redis.sharded import PollState
+
+log = logging.getLogger("felix_redis")
 
 #: redis-py exceptions that mean "this node cannot take the call now": a failover,
 #: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
@@ -330,6 +334,62 @@ class ShardedGroupBase:
         self.reclaim = reclaim
         self._index = {name: i for i, name in enumerate(self.streams)}
         self._state = PollState(len(self.streams))
+        #: acks made with ``ack(item, wait=False)`` and not sent yet (they ride on the
+        #: next poll, go after ``ACK_LINGER_S``, at ``flush()`` or ``close()``)
+        self._queued: list[Ref] = []
+        self._queue_lock = threading.Lock()
+
+    def _queue_ack(self, item: Ref) -> bool:
+        """Queues an ack of ``item`` (checked now: a bad reference raises here, and
+        nothing is queued); True when the queue was empty (the caller starts its
+        linger)."""
+        self._stream_of(item)
+        _shard(item)
+        with self._queue_lock:
+            self._queued.append(item)
+            return len(self._queued) == 1
+
+    def _take_queued(self) -> list[Ref]:
+        with self._queue_lock:
+            taken, self._queued = self._queued, []
+        return taken
+
+    def _requeue(self, refs: list[Ref]) -> None:
+        """Puts back acks whose call failed, to go with the next poll or flush."""
+        if refs:
+            with self._queue_lock:
+                self._queued[:0] = refs
+
+    @property
+    def queued_acks(self) -> int:
+        """Acks made with ``ack(item, wait=False)`` that were not sent to Redis yet."""
+        return len(self._queued)
+
+    def _flush_failed(self, exc: FelixError, again: bool) -> bool:
+        """What a background flush of the queued acks does after ``exc``: True to try
+        again later (a lost connection, when ``again``); otherwise the acks are dropped
+        (their records are delivered again after their lease), and it is logged."""
+        if isinstance(exc, (ConnectionFailed, NotReplicated)):
+            if again:
+                log.warning("queued acks of group %s not sent, trying again: %s", self.group, exc)
+                return True
+            self._take_queued()
+            log.warning("queued acks of group %s not sent; their records will be delivered again: %s",
+                        self.group, exc)
+            return False
+        log.warning("queued acks of group %s: %s", self.group, exc)
+        return False
+
+    def _with_queued(self, ack: Iterable[Ref] | None) -> tuple[list[Ref], list[Ref] | None]:
+        """The queued acks a poll takes along, and its ``ack=`` with them; the queued
+        acks stay queued when together they would pass a poll's limit per shard."""
+        if not self._queued:
+            return [], None if ack is None else check_list(ack, "ack")
+        given = [] if ack is None else check_list(ack, "ack")
+        if len(self._queued) + len(given) > MAX_BATCH:
+            return [], given
+        queued = self._take_queued()
+        return queued, queued + given
 
     def _stream_of(self, item: Ref) -> str:
         """The stream a settle goes to: the Item's; a Record or claim string names none,

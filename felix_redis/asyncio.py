@@ -32,7 +32,8 @@ from felix_redis._driver import (
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
 from felix_redis.connection import async_client, default_retry_for, resolve_url
-from felix_redis.errors import ConnectionFailed, FelixError, redact_url
+from felix_redis.constants import ACK_LINGER_S, QUEUED_ACKS_MAX
+from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
 from felix_redis.lane import (
     AsyncLane,
@@ -119,6 +120,29 @@ class AsyncClient(_AwaitsToItself):
         self._lane = AsyncLane(self._pool) if self._pool is not None else None
         spool = sentinel_pool(redis_client)  # as Client._watch, started by the first call
         self._watch = AsyncSentinelWatch(spool) if spool is not None else None
+        #: sharded groups with queued acks, and the tasks sending them (as Client._acks)
+        self._ack_groups: set[AsyncShardedGroup] = set()
+        self._ack_tasks: set[asyncio.Task[None]] = set()
+
+    def _defer_acks(self, group: AsyncShardedGroup, after: float = ACK_LINGER_S) -> None:
+        """Sends ``group``'s queued acks ``after`` seconds from now (ACK_LINGER_S)."""
+        if group not in self._ack_groups:
+            self._ack_groups.add(group)
+            asyncio.get_running_loop().call_later(after, self._flush_later, group)
+
+    def _flush_later(self, group: AsyncShardedGroup) -> None:
+        if group in self._ack_groups:
+            self._ack_groups.discard(group)
+            task = asyncio.ensure_future(group._flush_in_background())
+            self._ack_tasks.add(task)
+            task.add_done_callback(self._ack_tasks.discard)
+
+    async def _flush_acks(self) -> None:
+        """Sends every queued ack now (errors are logged: the records are redelivered)."""
+        if self._ack_groups:
+            groups, self._ack_groups = list(self._ack_groups), set()
+            for group in groups:
+                await group._flush_in_background(again=False)
 
     # -- driver
 
@@ -356,6 +380,7 @@ class AsyncClient(_AwaitsToItself):
             raise translate(exc, op, self.url) from None
 
     async def close(self) -> None:
+        await self._flush_acks()
         if self._watch is not None:
             await self._watch.close()
         if self._lane is not None:
@@ -554,6 +579,7 @@ class AsyncClient(_AwaitsToItself):
         return await self._drive(self.core.group_discard(tenant, namespace, stream, shard, group, offsets))
 
     async def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> GroupInfo:
+        await self._flush_acks()  # as the sync client's: queued acks count as settled
         return await self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
@@ -697,10 +723,49 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
     async def poll(
         self, max_records: int = 16, wait: float | None = None, *, ack: Iterable[Ref] | None = None
     ) -> list[Item]:
-        return await self._client._drive(self._poll_plan(max_records, wait, ack))
+        queued, acks = self._with_queued(ack)
+        try:
+            return await self._client._drive(self._poll_plan(max_records, wait, acks))
+        except BaseException:
+            self._requeue(queued)
+            raise
 
-    async def ack(self, item: Ref) -> bool:
-        return await self._client.group_ack(*self._where(item), item)
+    async def ack(self, item: Ref, wait: bool = True) -> bool | None:
+        """As :meth:`felix_redis.ShardedGroup.ack` (with ``wait=False``, no sending at
+        interpreter exit: close the group or the client)."""
+        if wait:
+            return await self._client.group_ack(*self._where(item), item)
+        if self._queue_ack(item):
+            self._client._defer_acks(self)
+        elif len(self._queued) >= QUEUED_ACKS_MAX:
+            await self.flush()
+        return None
+
+    async def flush(self) -> int:
+        refs = self._take_queued()
+        if not refs:
+            return 0
+        try:
+            return await self._client._drive(self._ack_plan(refs))
+        except (ConnectionFailed, NotReplicated):
+            self._requeue(refs)
+            raise
+
+    async def _flush_in_background(self, again: bool = True) -> None:
+        try:
+            await self.flush()
+        except FelixError as exc:
+            if self._flush_failed(exc, again):
+                self._client._defer_acks(self, after=0.2)
+
+    async def close(self) -> None:
+        await self.flush()
+
+    async def __aenter__(self) -> AsyncShardedGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def ack_many(self, items: Iterable[Ref]) -> int:
         return await self._client._drive(self._ack_plan(items))

@@ -3,8 +3,10 @@ executes its plans on a redis-py connection."""
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,9 +38,11 @@ from felix_redis._driver import (
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
 from felix_redis.connection import default_retry_for, resolve_url, sync_client
+from felix_redis.constants import ACK_LINGER_S, QUEUED_ACKS_MAX
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
+    NotReplicated,
     redact_url,
 )
 from felix_redis.keys import check_record_key, producer_public_id
@@ -64,6 +68,68 @@ from felix_redis.sentinel_watch import SentinelWatch, sentinel_pool
 __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription", "connect"]
 
 T = TypeVar("T")
+
+
+class AckFlusher:
+    """Sends the queued acks of a client's sharded groups ``ACK_LINGER_S`` after the
+    first of them was queued, on a daemon thread started on first use; and all of them
+    at once on :meth:`flush_all` (before the client describes a group, at close, at
+    interpreter exit)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[ShardedGroup, float] = {}
+        self._thread: threading.Thread | None = None
+        _flushers.add(self)
+
+    def defer(self, group: ShardedGroup, after: float = ACK_LINGER_S) -> None:
+        with self._cond:
+            self._due.setdefault(group, time.monotonic() + after)
+            if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
+                self._thread = threading.Thread(target=self._run, name="felix-ack-flusher", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if not self._due:
+                        if not self._cond.wait(60.0) and not self._due:
+                            self._thread = None  # idle a minute: the next defer starts another
+                            return
+                        continue
+                    wait = min(self._due.values()) - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                now = time.monotonic()
+                ready = [g for g, at in self._due.items() if at <= now]
+                for group in ready:
+                    del self._due[group]
+            for group in ready:
+                group._flush_in_background()
+
+    def flush_all(self) -> None:
+        """Sends every queued ack now (errors are logged: the records are redelivered)."""
+        if not self._due:
+            return
+        with self._cond:
+            groups, self._due = list(self._due), {}
+        for group in groups:
+            group._flush_in_background(again=False)
+
+
+_flushers: weakref.WeakSet[AckFlusher] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Acks still queued when the interpreter exits normally are sent (a process that
+    is killed loses them: their records are delivered again, never lost)."""
+    for flusher in list(_flushers):
+        flusher.flush_all()
+
 
 class Client:
     """Streams, groups and records on one Redis deployment.
@@ -97,6 +163,8 @@ class Client:
         self._watch = SentinelWatch(spool) if spool is not None else None
         if self._watch is not None:
             weakref.finalize(self, self._watch.close)
+        #: the queued acks of this client's sharded groups (ShardedGroup.ack)
+        self._acks = AckFlusher()
 
     # -- driver
 
@@ -340,6 +408,7 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def close(self) -> None:
+        self._acks.flush_all()
         if self._watch is not None:
             self._watch.close()
         if self._lane is not None:
@@ -627,6 +696,9 @@ class Client:
         return self._drive(self.core.group_discard(tenant, namespace, stream, shard, group, offsets))
 
     def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> GroupInfo:
+        """The group's numbers, per shard. Acks this client's sharded groups queued
+        (``ShardedGroup.ack``) are sent first, so they count as settled."""
+        self._acks.flush_all()
         return self._drive(self.core.group_describe(tenant, namespace, stream, group))
 
     def group_sharded(
@@ -814,13 +886,63 @@ class ShardedGroup(ShardedGroupBase):
     ) -> list[Item]:
         """Up to ``max_records`` items, taken fairly from all shards (of the streams in
         their order); ``wait``: seconds to block (on every shard of every stream at once)
-        when nothing is due. ``ack``: items to ack
-        first, in the same round trip (each with its shard's poll). If the poll raises,
-        those acks may not have been applied: ack them again (acks are idempotent)."""
-        return self._client._drive(self._poll_plan(max_records, wait, ack))
+        when nothing is due. ``ack``: items to ack first, in the same round trip (each
+        with its shard's poll), as the acks ``ack(item, wait=False)`` queued are. If the poll raises,
+        those given may not have been applied: ack them again (acks are idempotent); the
+        queued ones stay queued."""
+        queued, acks = self._with_queued(ack)
+        try:
+            return self._client._drive(self._poll_plan(max_records, wait, acks))
+        except BaseException:
+            self._requeue(queued)
+            raise
 
-    def ack(self, item: Ref) -> bool:
-        return self._client.group_ack(*self._where(item), item)
+    def ack(self, item: Ref, wait: bool = True) -> bool | None:
+        """Acks ``item`` at once; returns whether this call acked it (False: it was
+        finished already). ``wait=False`` queues the ack instead and returns None: it
+        rides on this group's next poll (one round trip for a whole batch), or goes
+        ``ACK_LINGER_S`` (5 ms) after the first queued ack, at :meth:`flush`, at
+        :meth:`close`, before this client describes a group, or at interpreter exit. A
+        process killed before then loses its queued acks: their records are delivered
+        again after their lease, never lost (docs/concepts.md, "Queued acks")."""
+        if wait:
+            return self._client.group_ack(*self._where(item), item)
+        if self._queue_ack(item):
+            self._client._acks.defer(self)
+        elif len(self._queued) >= QUEUED_ACKS_MAX:
+            self.flush()
+        return None
+
+    def flush(self) -> int:
+        """Sends the queued acks now, one round trip; returns how many were acked now.
+        Records never delivered raise NotDelivered once the others were acked; a lost
+        connection raises with the acks queued again."""
+        refs = self._take_queued()
+        if not refs:
+            return 0
+        try:
+            return self._client._drive(self._ack_plan(refs))
+        except (ConnectionFailed, NotReplicated):
+            self._requeue(refs)
+            raise
+
+    def _flush_in_background(self, again: bool = True) -> None:
+        """The flusher's flush (errors logged; a lost connection tries again later)."""
+        try:
+            self.flush()
+        except FelixError as exc:
+            if self._flush_failed(exc, again):
+                self._client._acks.defer(self, after=0.2)
+
+    def close(self) -> None:
+        """Sends the queued acks (the group stays usable)."""
+        self.flush()
+
+    def __enter__(self) -> ShardedGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def ack_many(self, items: Iterable[Ref]) -> int:
         """Acks items, one script call per shard, all in one round trip; returns how

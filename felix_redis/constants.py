@@ -84,3 +84,9 @@ POLL_AGAIN_MAX = 64
 #: Most streams one group polls in priority order, and the largest weight one may have.
 MAX_PRIORITY_STREAMS = 64
 MAX_STREAM_WEIGHT = 1000
+
+#: A ShardedGroup's ``ack(item)`` is queued: it rides on the group's next poll, or is
+#: sent this many seconds after the first queued ack at the latest (far below any
+#: visibility timeout), or at once when this many are queued.
+ACK_LINGER_S = 0.005
+QUEUED_ACKS_MAX = 1_000

@@ -15,6 +15,7 @@ SYSTEMS: dict[str, str] = {
     "felix": "bench.systems.felix:Felix",
     "felix-async": "bench.systems.felix:FelixAsync",
     "felix-sharded": "bench.systems.felix:FelixSharded",
+    "felix-readme": "bench.systems.felix:FelixReadme",
     "felix-worker": "bench.systems.felix:FelixWorker",
     "felix-async-worker": "bench.systems.felix:FelixAsyncWorker",
     "dramatiq": "bench.systems.dramatiq_:Dramatiq",

@@ -1,6 +1,6 @@
 """felix-redis itself, written against the public contract (shared/CONTRACT.md).
 
-Four registered systems share this module:
+Six registered systems share this module:
 
 - ``felix``: the sync client. Publish one call per job (the client's default: each
   publish carries its producer sequence, so a retried publish lands once), the same
@@ -9,6 +9,7 @@ Four registered systems share this module:
   batch's acks ride on the next poll, one round trip per batch.
 - ``felix-async``: the same through ``felix_redis.asyncio``.
 - ``felix-sharded``: a stream of ``SHARDS`` shards drained through ``group_sharded``.
+- ``felix-readme``: the README's loop on that stream (``ack(item, wait=False)`` per item).
 - ``felix-worker``: the ``felix_redis.Worker`` runtime (handler threads).
 - ``felix-async-worker``: ``felix_redis.aioworker.AsyncWorker`` (async handlers).
 
@@ -279,6 +280,29 @@ class FelixSharded(Felix):
                 job(_sent(item))
         if items:
             group.ack_many(items)
+
+
+class FelixReadme(Felix):
+    """The README's loop as a user copies it: ``group_sharded`` over ``SHARDS`` shards,
+    ``poll(16, wait=...)``, handle, ``group.ack(item, wait=False)`` per item (the acks
+    ride on the next poll)."""
+
+    name = "felix-readme"
+    shards = SHARDS
+    uses = ("group_sharded", "publish_batch")
+
+    def scenarios(self) -> list[Scenario]:
+        return RedisSystem.scenarios(self)[1:3]
+
+    def worker(self, ctx: WorkerContext, variant: str) -> None:
+        client = _connect(self.cfg.redis_url)
+        group = client.group_sharded(*NAME, GROUP)
+        ctx.wait_go()
+        while not ctx.stopping:
+            for item in group.poll(self.cfg.concurrency, wait=WAIT_S):
+                job(_sent(item))
+                group.ack(item, wait=False)
+        group.close()
 
 
 class FelixWorker(Felix):
