@@ -343,8 +343,9 @@ class ShardedGroupBase:
         """Queues an ack of ``item`` (checked now: a bad reference raises here, and
         nothing is queued); True when the queue was empty (the caller starts its
         linger)."""
-        self._stream_of(item)
-        _shard(item)
+        if type(item) is not Item or item.stream not in self._index:
+            self._stream_of(item)  # anything but an Item of this group's: checked now
+            _shard(item)
         with self._queue_lock:
             self._queued.append(item)
             return len(self._queued) == 1

@@ -84,11 +84,16 @@ class AckFlusher:
 
     def defer(self, group: ShardedGroup, after: float = ACK_LINGER_S) -> None:
         with self._cond:
-            self._due.setdefault(group, time.monotonic() + after)
+            if group in self._due:
+                return
+            due = time.monotonic() + after
+            sooner = not self._due or due < min(self._due.values())
+            self._due[group] = due
             if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
                 self._thread = threading.Thread(target=self._run, name="felix-ack-flusher", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif sooner:
+                self._cond.notify()  # else it wakes for an earlier one, and sees this one then
 
     def _run(self) -> None:
         while True:
