@@ -325,6 +325,22 @@ MUTATIONS: list[Mutation] = [
              "        for other in (source,):\n",
              "tests/test_priorities.py -k 'strict_order and redis'",
              "acks of streams a poll does not reach are never sent: those records are redelivered"),
+    # ---- queued acks
+    mutation("Q1", "queued-acks", "felix_redis/client.py",
+             "        queued, acks = self._with_queued(ack)\n        try:\n            return self._client._drive(",
+             "        queued, acks = [], ack\n        try:\n            return self._client._drive(",
+             "tests/test_queued_acks.py -k readme_loop",
+             "queued acks do not ride on the next poll: a call of their own per batch"),
+    mutation("Q2", "queued-acks", "felix_redis/client.py",
+             "        except BaseException:\n            self._requeue(queued)\n            raise\n",
+             "        except BaseException:\n            raise\n",
+             "tests/test_queued_acks.py -k fails_keeps",
+             "a poll that fails loses the queued acks it took along"),
+    mutation("Q3", "queued-acks", "felix_redis/client.py",
+             "    def close(self) -> None:\n        self._acks.flush_all()\n",
+             "    def close(self) -> None:\n",
+             "tests/test_queued_acks.py -k 'killed and client'",
+             "closing the client leaves queued acks unsent"),
 ]
 
 

@@ -166,12 +166,14 @@ CHILD = textwrap.dedent("""
         group.ack(item, wait=False)
     if sys.argv[2] == "close":
         group.close()
+    if sys.argv[2] == "client-close":
+        client.close()
     if sys.argv[2] != "exit":
         os._exit(0)  # killed: no interpreter exit, no atexit
 """)
 
 
-@pytest.mark.parametrize("end", ["killed", "close", "exit"])
+@pytest.mark.parametrize("end", ["killed", "close", "client-close", "exit"])
 def test_a_process_killed_with_queued_acks_has_its_records_delivered_again(
     redis_client: felix_redis.Client, redis_url: str, tmp_path: Path, end: str,
 ) -> None:
