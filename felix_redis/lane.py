@@ -211,15 +211,8 @@ class Lane:
         try:
             sock.sendall(b"".join(packed))
             replies = [parser.read_response() for _ in commands]
-        except TimeoutError:  # (socket.timeout)
-            conn.disconnect()
-            raise RedisTimeoutError(f"Timeout on the connection to {conn.host}:{conn.port}") from None
-        except OSError as exc:
-            conn.disconnect()
-            raise RedisConnectionError(f"Error on the connection to {conn.host}:{conn.port}: {exc}") from None
-        except BaseException:
-            conn.disconnect()  # replies not read
-            raise
+        except BaseException as exc:
+            raise _io_failure(conn, exc) from None
         finally:
             self.awaiting_reply = False
         if any(isinstance(reply, ReadOnlyError) for reply in replies):
@@ -282,15 +275,8 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     try:
         sock.sendall(packed)
         reply = parser.read_response()
-    except TimeoutError:  # (socket.timeout) writing
-        conn.disconnect()
-        raise RedisTimeoutError(f"Timeout on the connection to {conn.host}:{conn.port}") from None
-    except OSError as exc:
-        conn.disconnect()
-        raise RedisConnectionError(f"Error on the connection to {conn.host}:{conn.port}: {exc}") from None
-    except BaseException:
-        conn.disconnect()  # the reply, if any, was not read
-        raise
+    except BaseException as exc:
+        raise _io_failure(conn, exc) from None
     if isinstance(reply, ResponseError):
         if isinstance(reply, ReadOnlyError):
             conn.disconnect()  # a replica now: the next call connects anew (Sentinel: to the new primary)
@@ -299,6 +285,19 @@ def _send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         finally:
             del reply  # no reference cycle through the traceback
     return reply
+
+
+def _io_failure(conn: Any, exc: BaseException) -> BaseException:
+    """What a failure of writing a command or reading its reply raises: the connection
+    is dropped (a reply, if any, was not read), and a socket timeout or error becomes
+    redis-py's TimeoutError or ConnectionError, as its own layers raise them, for its
+    retries; anything else (an interrupt) is raised as it is."""
+    conn.disconnect()
+    if isinstance(exc, TimeoutError):  # (socket.timeout)
+        return RedisTimeoutError(f"Timeout on the connection to {conn.host}:{conn.port}")
+    if isinstance(exc, OSError):
+        return RedisConnectionError(f"Error on the connection to {conn.host}:{conn.port}: {exc}")
+    return exc
 
 
 def ensure_connected(conn: Any) -> None:

@@ -282,17 +282,12 @@ class FelixSharded(Felix):
             group.ack_many(items)
 
 
-class FelixReadme(Felix):
+class FelixReadme(FelixSharded):
     """The README's loop as a user copies it: ``group_sharded`` over ``SHARDS`` shards,
     ``poll(16, wait=...)``, handle, ``group.ack(item, wait=False)`` per item (the acks
     ride on the next poll)."""
 
     name = "felix-readme"
-    shards = SHARDS
-    uses = ("group_sharded", "publish_batch")
-
-    def scenarios(self) -> list[Scenario]:
-        return RedisSystem.scenarios(self)[1:3]
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
