@@ -165,6 +165,31 @@ def test_the_worker_runs_each_handler_call_in_a_consumer_span_of_the_publish_tra
     assert traced.status.status_code is not StatusCode.ERROR
 
 
+def test_a_worker_over_several_streams_names_each_records_own_stream_and_its_groups_attempts(
+    redis_client: felix_redis.Client, spans: tuple[InMemorySpanExporter, TracerProvider]
+) -> None:
+    exporter, provider = spans
+    client = redis_client
+    for stream, attempts in (("urgent", 1), ("bulk", 3)):
+        client.stream_create(T, N, stream)
+        client.group_create(T, N, stream, G, max_attempts=attempts)
+        with provider.get_tracer("test").start_as_current_span("request"):
+            client.publish(T, N, stream, b"fails")
+
+    def handler(record: Record) -> None:
+        raise RuntimeError("no")
+
+    Worker(client, T, N, ["urgent", "bulk"], G, handler, burst=True, handle_signals=False,
+           backoff=Backoff(base_s=5.0)).run()
+    consumers = by_kind(exporter, SpanKind.CONSUMER)
+    events = {s.name: [e.name for e in s.events] for s in consumers}
+    # urgent's group allows one attempt: a dead letter; bulk's three: a nack
+    assert events == {f"process {T}/{N}/urgent": ["felix_redis.dead_letter", "exception"],
+                      f"process {T}/{N}/bulk": ["felix_redis.nack", "exception"]}
+    assert {dict(s.attributes or {})["messaging.destination.name"] for s in consumers} == {
+        f"{T}/{N}/urgent", f"{T}/{N}/bulk"}
+
+
 def test_a_failed_handler_is_an_error_span_with_a_nack_event_and_the_redelivery_a_span_of_the_same_trace(
     redis_client: felix_redis.Client, spans: tuple[InMemorySpanExporter, TracerProvider]
 ) -> None:
