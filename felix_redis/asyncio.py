@@ -260,13 +260,22 @@ class AsyncClient(_AwaitsToItself):
                     results.append(exc)
             return results
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
+        lane = self._lane
         while (commands := run.commands()) is not None:
             if run.pause:
                 await asyncio.sleep(run.pause)
-            pipe = self.redis.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            for name in run.take(await pipe.execute(raise_on_error=False)):
+            if lane is not None and not lane.in_use:
+                lane.in_use = True  # one write on the lane, as the sync client's batches
+                try:
+                    replies = await lane.call_many(commands)
+                finally:
+                    lane.in_use = False
+            else:
+                pipe = self.redis.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+            for name in run.take(replies):
                 await self._load(name)
         return run.results
 

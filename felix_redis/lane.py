@@ -410,6 +410,35 @@ class AsyncLane:
                 await conn.disconnect()
         return reply
 
+    async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """As :meth:`Lane.call_many`: ``commands`` in one write, their replies in
+        order, an error reply in its place. The caller holds the lane (:attr:`in_use`)."""
+        conn = await self._connection()
+        await async_ensure_connected(conn)
+        chunks: list[Any] = []
+        for command in commands:
+            packed = _pack(conn, command)
+            if isinstance(packed, list):
+                chunks.extend(packed)
+            else:
+                chunks.append(packed)
+        self.awaiting_reply = True
+        try:
+            await conn.send_packed_command(chunks)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await read_reply(conn))
+                except ResponseError as exc:
+                    replies.append(exc)
+            self.awaiting_reply = False  # (else the next call drops the connection first)
+        finally:
+            if self.conn is not conn or conn.should_reconnect():
+                await conn.disconnect()  # the client was closed while this ran, or a failure
+        if any(isinstance(reply, ReadOnlyError) for reply in replies):
+            await conn.disconnect()  # a replica now: the next call connects anew
+        return replies
+
     async def _connection(self) -> Any:
         conn = self.conn
         if conn is None:

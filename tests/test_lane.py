@@ -265,6 +265,43 @@ def test_async_tasks_sharing_a_client_each_get_their_own_replies(raw: redis.Redi
     assert asyncio.run(main()) == list(range(400))
 
 
+def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
+    raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        client = aio.connect(redis_url)
+        try:
+            await client.stream_create(T, N, S, shards=3)
+            await client.group_create(T, N, S, "workers")
+            for shard in range(3):
+                await client.publish(T, N, S, f"r{shard}", shard=shard)
+            group = client.group_sharded(T, N, S, "workers")
+            await group.poll(1)  # the caches and the lane's connection
+            conn = client._lane.conn
+            writes: list[int] = []
+            real = conn.send_packed_command
+
+            async def spy(command: Any, check_health: bool = True) -> None:
+                chunks = command if isinstance(command, list) else [command]
+                writes.append(sum(bytes(c).count(b"group_poll") for c in chunks))
+                await real(command, check_health)
+
+            monkeypatch.setattr(conn, "send_packed_command", spy)
+            monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute",
+                                lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
+            items = await group.poll(3)
+            assert sorted(i.payload for i in items) == [b"r1", b"r2"]
+            assert writes == [3, 1, 1]  # the first pass in one write, then shards 1 and 2 one at a time
+            replies = await client._lane.call_many([("SET", "k", "v"), ("INCR", "k"), ("GET", "k")])
+            assert replies[0] in (b"OK", True) and replies[2] == b"v"
+            assert isinstance(replies[1], redis.ResponseError) and "not an integer" in str(replies[1])
+            assert client._lane.conn is conn
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
 def test_async_call_cancelled_between_send_and_read_leaves_no_stale_reply(
     raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
