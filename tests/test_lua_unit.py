@@ -34,7 +34,7 @@ def prelude() -> Any:
     text = (lua_dir() / "includes" / "prelude.lua").read_text()
     p = lua.execute(
         text + "\nreturn {fail = fail, fmt = fmt, now_ms = now_ms, int_arg = int_arg, "
-        "int_arg_seen = int_arg_seen, setting_num = setting_num, parse_id = parse_id, entry_fields = entry_fields}"
+        "int_arg_seen = int_arg_seen, setting_num = setting_num, parse_id = parse_id}"
     )
     # Calls f under pcall: (True, result) or (False, the FELIX_... message).
     p.try_ = lua.execute(
@@ -105,13 +105,9 @@ def test_fail_raises_a_felix_error(prelude: Any) -> None:
         False, "FELIX_NOT_FOUND no such thing")
 
 
-def test_parse_id_and_entry_fields(prelude: Any) -> None:
+def test_parse_id(prelude: Any) -> None:
     off, ms = prelude.parse_id("15-1700000000000")
     assert (off, ms) == (15, "1700000000000")
-    fields = prelude.table(["p", "payload", "k", "key"])
-    assert tuple(prelude.entry_fields(fields)) == ("payload", "key")
-    payload, key = prelude.entry_fields(prelude.table(["p", "only"]))
-    assert (payload, key) == ("only", False)
 
 
 # --------------------------------------------------- scripts refuse bad raw arguments

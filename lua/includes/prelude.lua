@@ -105,15 +105,6 @@ local function parse_id(id)
   return tonumber(s_sub(id, 1, dash - 1)), s_sub(id, dash + 1)
 end
 
--- Payload and key (false when none) of a log entry's field list.
-local function entry_fields(fields)
-  local payload, key = '', false
-  for i = 1, #fields, 2 do
-    if fields[i] == 'p' then payload = fields[i + 1] elseif fields[i] == 'k' then key = fields[i + 1] end
-  end
-  return payload, key
-end
-
 -- The offset after the last entry of a log (0 for an empty or missing one): the tail
 -- the log itself implies (an emptied log keeps its last generated ID, read from XINFO
 -- STREAM). For a tail that meta does not hold as a number (a publisher may write meta).
