@@ -32,6 +32,10 @@ class WorkerMetrics:
     - ``felix_worker_jobs_retried_total``: records nacked for a later retry
     - ``felix_worker_jobs_dead_lettered_total``: records the worker dead-lettered
     - ``felix_worker_jobs_handed_back_total``: records handed back at shutdown
+    - ``felix_worker_jobs_stale_total``: records whose lease was lost before the worker
+      could settle them (a settle raised StaleClaim)
+    - ``felix_worker_jobs_unsettled_total``: records the worker could not settle (a lost
+      connection, another error): their leases lapse and they are delivered again
     - ``felix_worker_handler_duration_seconds``: handler run time (histogram)
     - ``felix_worker_in_flight``: records held by the worker right now
     """
@@ -45,6 +49,8 @@ class WorkerMetrics:
         self.retried = counter("retried", "Records nacked for a later retry.")
         self.dead_lettered = counter("dead_lettered", "Records the worker dead-lettered.")
         self.handed_back = counter("handed_back", "Records handed back unfinished at shutdown.")
+        self.stale = counter("stale", "Records whose lease was lost before the worker could settle them.")
+        self.unsettled = counter("unsettled", "Records the worker could not settle; they are delivered again.")
         self.duration = Histogram(
             "felix_worker_handler_duration_seconds", "Handler run time.", WORKER_LABELS,
             buckets=DURATION_BUCKETS, registry=registry,
@@ -68,6 +74,8 @@ class BoundWorkerMetrics:
             "retried": metrics.retried.labels(*labels),
             "dead": metrics.dead_lettered.labels(*labels),
             "handed_back": metrics.handed_back.labels(*labels),
+            "stale": metrics.stale.labels(*labels),
+            "unsettled": metrics.unsettled.labels(*labels),
         }
 
     def started(self) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 import felix_redis
 import felix_redis.asyncio as aio
@@ -28,6 +29,7 @@ import felix_redis.worker as worker_module
 from felix_redis import ConnectionFailed, FelixError, Record, StaleClaim
 from felix_redis._runtime import ACK_TRIES
 from felix_redis.aioworker import AsyncWorker
+from felix_redis.metrics import WorkerMetrics
 from felix_redis.worker import Fatal, Worker
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
@@ -194,13 +196,18 @@ def test_a_failed_handlers_settle_that_fails_is_unsettled_or_stale_and_the_recor
         setattr(group, settle, faulty(kind, getattr(group, settle), fail))
 
     caplog.set_level(logging.DEBUG, logger="felix_redis.worker")
+    registry = CollectorRegistry()
     w = run_worker(kind, c, aclient, as_handler(kind, logic), patch,
-                   until=lambda w: w.stats.processed >= 1 and w.stats.in_flight == 0, timeout=20)
+                   until=lambda w: w.stats.processed >= 1 and w.stats.in_flight == 0, timeout=20,
+                   metrics=WorkerMetrics(registry))
 
     assert attempts == [1, 2], "the record was not delivered again after its lease lapsed"
     assert settles == [settle]
     other = "stale" if outcome == "unsettled" else "unsettled"
     assert getattr(w.stats, outcome) == 1 and getattr(w.stats, other) == 0, w.stats
+    labels = {"tenant": T, "namespace": N, "stream": S, "group": G}
+    assert registry.get_sample_value(f"felix_worker_jobs_{outcome}_total", labels) == 1
+    assert registry.get_sample_value(f"felix_worker_jobs_{other}_total", labels) == 0
     assert (w.stats.failed, w.stats.processed, w.stats.retried, w.stats.dead_lettered, w.stats.in_flight) == (
         1, 1, 0, 0, 0), w.stats
     [line] = job_lines(caplog, outcome)
