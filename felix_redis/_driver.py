@@ -44,6 +44,10 @@ from felix_redis.sharded import PollState
 
 log = logging.getLogger("felix_redis")
 
+#: Tries, 0.2 s apart, of sending a group's queued acks while the connection is lost;
+#: then they are dropped (their records are delivered again after their leases).
+FLUSH_TRIES = 50
+
 #: redis-py exceptions that mean "this node cannot take the call now": a failover,
 #: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
 #: the driver sends it again whatever it does (ConnectionFailed with ``unsent``).
@@ -338,6 +342,7 @@ class ShardedGroupBase:
         #: next poll, go after ``ACK_LINGER_S``, at ``flush()`` or ``close()``)
         self._queued: list[Ref] = []
         self._queue_lock = threading.Lock()
+        self._flush_failures = 0  # lost connections in a row while sending the queued acks
 
     def _queue_ack(self, item: Ref) -> bool:
         """Queues an ack of ``item`` (checked now: a bad reference raises here, and
@@ -371,9 +376,11 @@ class ShardedGroupBase:
         again later (a lost connection, when ``again``); otherwise the acks are dropped
         (their records are delivered again after their lease), and it is logged."""
         if isinstance(exc, (ConnectionFailed, NotReplicated)):
-            if again:
+            self._flush_failures += 1
+            if again and self._flush_failures < FLUSH_TRIES:
                 log.warning("queued acks of group %s not sent, trying again: %s", self.group, exc)
                 return True
+            self._flush_failures = 0
             self._take_queued()
             log.warning("queued acks of group %s not sent; their records will be delivered again: %s",
                         self.group, exc)

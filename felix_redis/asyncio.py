@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -120,29 +121,36 @@ class AsyncClient(_AwaitsToItself):
         self._lane = AsyncLane(self._pool) if self._pool is not None else None
         spool = sentinel_pool(redis_client)  # as Client._watch, started by the first call
         self._watch = AsyncSentinelWatch(spool) if spool is not None else None
-        #: sharded groups with queued acks, and the tasks sending them (as Client._acks)
-        self._ack_groups: set[AsyncShardedGroup] = set()
+        #: as Client._acks: the timers of groups with queued acks, the tasks sending
+        #: them, and every group that queued an ack
+        self._ack_timers: dict[AsyncShardedGroup, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._ack_tasks: set[asyncio.Task[None]] = set()
+        self._ack_all: weakref.WeakSet[AsyncShardedGroup] = weakref.WeakSet()
 
     def _defer_acks(self, group: AsyncShardedGroup, after: float = ACK_LINGER_S) -> None:
         """Sends ``group``'s queued acks ``after`` seconds from now (ACK_LINGER_S)."""
-        if group not in self._ack_groups:
-            self._ack_groups.add(group)
-            asyncio.get_running_loop().call_later(after, self._flush_later, group)
+        self._ack_all.add(group)
+        loop = asyncio.get_running_loop()
+        timer = self._ack_timers.get(group)
+        if timer is None or timer[0] is not loop or timer[1].cancelled():  # none, or of a loop now closed
+            self._ack_timers[group] = (loop, loop.call_later(after, self._flush_later, group))
 
     def _flush_later(self, group: AsyncShardedGroup) -> None:
-        if group in self._ack_groups:
-            self._ack_groups.discard(group)
-            task = asyncio.ensure_future(group._flush_in_background())
-            self._ack_tasks.add(task)
-            task.add_done_callback(self._ack_tasks.discard)
+        self._ack_timers.pop(group, None)
+        task = asyncio.ensure_future(group._flush_in_background())
+        self._ack_tasks.add(task)
+        task.add_done_callback(self._ack_tasks.discard)
 
     async def _flush_acks(self) -> None:
-        """Sends every queued ack now (errors are logged: the records are redelivered)."""
-        if self._ack_groups:
-            groups, self._ack_groups = list(self._ack_groups), set()
-            for group in groups:
-                await group._flush_in_background(again=False)
+        """Sends every queued ack now, once the sends under way are done (errors are
+        logged: those records are delivered again)."""
+        for _loop, timer in self._ack_timers.values():
+            timer.cancel()
+        self._ack_timers.clear()
+        if self._ack_tasks:
+            await asyncio.gather(*list(self._ack_tasks), return_exceptions=True)
+        for group in [g for g in self._ack_all if g._queued]:
+            await group._flush_in_background(again=False)
 
     # -- driver
 
@@ -736,7 +744,10 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         try:
             return await self._client._drive(self._poll_plan(max_records, wait, acks))
         except BaseException:
-            self._requeue(queued)
+            if queued:
+                self._requeue(queued)
+                with contextlib.suppress(RuntimeError):  # (no running loop: at close)
+                    self._client._defer_acks(self)
             raise
 
     async def ack(self, item: Ref, wait: bool = True) -> bool | None:
@@ -747,7 +758,7 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         if self._queue_ack(item):
             self._client._defer_acks(self)
         elif len(self._queued) >= QUEUED_ACKS_MAX:
-            await self.flush()
+            await self._flush_in_background()
         return None
 
     async def flush(self) -> int:
@@ -755,10 +766,13 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         if not refs:
             return 0
         try:
-            return await self._client._drive(self._ack_plan(refs))
+            acked = await self._client._drive(self._ack_plan(refs))
         except (ConnectionFailed, NotReplicated):
             self._requeue(refs)
+            self._client._defer_acks(self, after=0.2)
             raise
+        self._flush_failures = 0
+        return acked
 
     async def _flush_in_background(self, again: bool = True) -> None:
         try:

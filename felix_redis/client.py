@@ -6,6 +6,8 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import logging
+import os
 import threading
 import time
 import weakref
@@ -69,21 +71,27 @@ __all__ = ["Client", "IdempotentProducer", "Item", "ShardedGroup", "Subscription
 
 T = TypeVar("T")
 
+log = logging.getLogger("felix_redis")
+
 
 class AckFlusher:
     """Sends the queued acks of a client's sharded groups ``ACK_LINGER_S`` after the
     first of them was queued, on a daemon thread started on first use; and all of them
     at once on :meth:`flush_all` (before the client describes a group, at close, at
-    interpreter exit)."""
+    interpreter exit), after waiting for a flush the thread has under way."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[ShardedGroup, float] = {}
+        self._flushing = 0
         self._thread: threading.Thread | None = None
+        #: every group that queued an ack (flush_all sends what any of them holds)
+        self.groups: weakref.WeakSet[ShardedGroup] = weakref.WeakSet()
         _flushers.add(self)
 
     def defer(self, group: ShardedGroup, after: float = ACK_LINGER_S) -> None:
         with self._cond:
+            self.groups.add(group)
             if group in self._due:
                 return
             due = time.monotonic() + after
@@ -93,7 +101,7 @@ class AckFlusher:
                 self._thread = threading.Thread(target=self._run, name="felix-ack-flusher", daemon=True)
                 self._thread.start()
             elif sooner:
-                self._cond.notify()  # else it wakes for an earlier one, and sees this one then
+                self._cond.notify_all()  # else it wakes for an earlier one, and sees this one then
 
     def _run(self) -> None:
         while True:
@@ -112,17 +120,36 @@ class AckFlusher:
                 ready = [g for g, at in self._due.items() if at <= now]
                 for group in ready:
                     del self._due[group]
+                self._flushing += len(ready)
             for group in ready:
-                group._flush_in_background()
+                try:
+                    group._flush_in_background()
+                except Exception:  # a bug must not stop the thread: the others still go
+                    log.exception("queued acks of group %s", group.group)
+                finally:
+                    with self._cond:
+                        self._flushing -= 1
+                        self._cond.notify_all()
 
-    def flush_all(self) -> None:
-        """Sends every queued ack now (errors are logged: the records are redelivered)."""
-        if not self._due:
-            return
+    def flush_all(self, timeout: float = 5.0) -> None:
+        """Sends every queued ack now, once a flush the thread has under way is done
+        (at most ``timeout`` seconds); errors are logged: those records come again."""
         with self._cond:
-            groups, self._due = list(self._due), {}
+            self._due.clear()
+            deadline = time.monotonic() + timeout
+            while self._flushing and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            groups = [g for g in self.groups if g._queued]
         for group in groups:
             group._flush_in_background(again=False)
+
+    def _after_fork(self) -> None:
+        """In a forked child: new locks (a thread of the parent may have held them), no
+        thread, nothing scheduled (the queued acks stay with their groups)."""
+        self._cond = threading.Condition()
+        self._due, self._flushing, self._thread = {}, 0, None
+        for group in list(self.groups):
+            group._queue_lock = threading.Lock()
 
 
 _flushers: weakref.WeakSet[AckFlusher] = weakref.WeakSet()
@@ -134,6 +161,14 @@ def _flush_at_exit() -> None:
     is killed loses them: their records are delivered again, never lost)."""
     for flusher in list(_flushers):
         flusher.flush_all()
+
+
+def _after_fork_in_child() -> None:
+    for flusher in list(_flushers):
+        flusher._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Client:
@@ -899,7 +934,9 @@ class ShardedGroup(ShardedGroupBase):
         try:
             return self._client._drive(self._poll_plan(max_records, wait, acks))
         except BaseException:
-            self._requeue(queued)
+            if queued:
+                self._requeue(queued)
+                self._client._acks.defer(self)
             raise
 
     def ack(self, item: Ref, wait: bool = True) -> bool | None:
@@ -915,7 +952,7 @@ class ShardedGroup(ShardedGroupBase):
         if self._queue_ack(item):
             self._client._acks.defer(self)
         elif len(self._queued) >= QUEUED_ACKS_MAX:
-            self.flush()
+            self._flush_in_background()
         return None
 
     def flush(self) -> int:
@@ -926,10 +963,13 @@ class ShardedGroup(ShardedGroupBase):
         if not refs:
             return 0
         try:
-            return self._client._drive(self._ack_plan(refs))
+            acked = self._client._drive(self._ack_plan(refs))
         except (ConnectionFailed, NotReplicated):
             self._requeue(refs)
+            self._client._acks.defer(self, after=0.2)
             raise
+        self._flush_failures = 0
+        return acked
 
     def _flush_in_background(self, again: bool = True) -> None:
         """The flusher's flush (errors logged; a lost connection tries again later)."""

@@ -156,6 +156,7 @@ class Lane:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.lock = threading.Lock()
+        _lanes.add(self)
         self.awaiting_reply = False
         # [connection, pid of the process that borrowed it]: also what the finalizer
         # gives back when the lane is dropped unclosed (it must not hold the lane itself)
@@ -244,6 +245,19 @@ class Lane:
         """Gives the connection back to the pool."""
         with self.lock:
             self._finalizer()
+
+
+_lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    """A forked child gets new lane locks: a thread of the parent (a handler, the acks'
+    flusher) may have held one at the fork, and would never release it here."""
+    for lane in list(_lanes):
+        lane.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def _give_back(pool: Any, held: list[Any]) -> None:

@@ -226,3 +226,106 @@ def test_asyncio_queued_acks_ride_on_the_poll_linger_and_close(
 
     asyncio.run(run())
     assert unfinished(redis_client) == 0
+
+
+# -------------------------------------------------- found by a review (each failed before its fix)
+
+
+def test_acks_a_failed_poll_kept_are_sent_by_describe_and_close_too(
+    redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(redis_client, 8, shards=1)
+    client = felix_redis.connect(redis_url)
+    group = client.group_sharded(T, N, S, G)
+    real = client._execute
+
+    def slow_failure(op: Any) -> Any:
+        time.sleep(0.03)  # the linger fires meanwhile, and finds the queue empty
+        raise ConnectionFailed("lost")
+
+    for _ in range(2):
+        for item in group.poll(4):
+            group.ack(item, wait=False)
+        monkeypatch.setattr(client, "_execute", slow_failure)
+        with pytest.raises(ConnectionFailed):
+            group.poll(4)
+        monkeypatch.setattr(client, "_execute", real)
+        if _ == 0:
+            assert sum(s.unfinished for s in client.group_describe(T, N, S, G).shards) == 4  # 4 not polled yet
+        else:
+            client.close()
+    assert unfinished(redis_client) == 0
+
+
+def test_describe_waits_for_a_flush_under_way(
+    redis_client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(redis_client, 2, shards=1)
+    group = redis_client.group_sharded(T, N, S, G)
+    real_flush = group.flush
+    started = []
+
+    def slow_flush() -> int:
+        started.append(time.monotonic())
+        time.sleep(0.3)
+        return real_flush()
+
+    monkeypatch.setattr(group, "flush", slow_flush)
+    for item in group.poll(2):
+        group.ack(item, wait=False)
+    deadline = time.monotonic() + 5
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert started, "the linger never flushed"
+    assert unfinished(redis_client) == 0  # describe waited for the flusher's send
+
+
+def test_a_forked_child_closes_its_client_though_a_parent_thread_held_the_lane(
+    redis_client: felix_redis.Client, redis_url: str
+) -> None:
+    make(redis_client, 0, shards=1)
+    client = felix_redis.connect(redis_url)
+    client.publish(T, N, S, b"x")  # the lane has its connection
+    assert client._lane is not None
+    client._lane.lock.acquire()  # as a handler or the acks' flusher would, mid-call, at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: must not wait for a lock nobody here will release
+        import signal
+
+        signal.alarm(5)
+        try:
+            client.close()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    client._lane.lock.release()
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child hung or failed in client.close()"
+    client.close()
+
+
+def test_asyncio_close_waits_for_a_flush_under_way(
+    redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(redis_client, 2, shards=1)
+
+    async def run() -> None:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G)
+        real_flush = group.flush
+        started = []
+
+        async def slow_flush() -> int:
+            started.append(1)
+            await asyncio.sleep(0.3)
+            return await real_flush()
+
+        monkeypatch.setattr(group, "flush", slow_flush)
+        for item in await group.poll(2):
+            await group.ack(item, wait=False)
+        while not started:
+            await asyncio.sleep(0.002)
+        await client.close()  # must wait for that send, not leave it to be cancelled
+
+    asyncio.run(run())
+    assert unfinished(redis_client) == 0
