@@ -58,7 +58,9 @@ def check_streams(streams: object, weights: object = None) -> tuple[list[str], l
         raise InvalidArgument(f"stream name must be a string, or a list of them, got {type(streams).__name__}")
     if weights is None:
         return names, None
-    checked = [check_int(w, "weight", 1, C.MAX_STREAM_WEIGHT) for w in check_list(weights, "weights")]
+    if not isinstance(weights, (list, tuple)):
+        raise InvalidArgument(f"weights must be a list of whole numbers, got {type(weights).__name__}")
+    checked = [check_int(w, "weight", 1, C.MAX_STREAM_WEIGHT) for w in weights]
     if len(checked) != len(names):
         raise InvalidArgument(f"weights needs one weight per stream: {len(names)} stream(s), {len(checked)} weight(s)")
     return names, checked

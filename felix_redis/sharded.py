@@ -15,6 +15,7 @@ across its shards: with every shard busy, each is first in turn.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from felix_redis.keys import StreamName
 from felix_redis.models import Record
 from felix_redis.plans import Batch, BlockAny, Eval, Plan, wake_points
 from felix_redis.replies import parse_delivered
+
+log = logging.getLogger("felix_redis")
 
 #: Failures after which a shard's calls may or may not have run: the poll hands out
 #: what other shards leased (rather than let those leases lapse), or raises.
@@ -87,23 +90,19 @@ class ShardedPoll:
         again = 0
         while True:
             self.out, self.count = [[] for _ in self.sources], 0
-            self.points, self.block_ms, self.due_now = {}, -1, False
-            for turn, source in enumerate(self.order()):
-                want = self.max_records - self.count
-                if want <= 0:
-                    break
-                shards = self.rotate(source)
-                first = shards[: min(len(shards), want)]
-                quota = max(1, want // len(source.chosen))
-                more = yield from self.first_pass(source, first, quota, carry_all=turn == 0)
+            self.points, self.block_ms = {}, -1
+            due_now = False
+            order = self.order()
+            for turn, source in enumerate(order):
+                ended = yield from self.take_from(source, turn, last=turn == len(order) - 1)
+                due_now = due_now or self.due_now
                 if turn == 0 and not self.out[source.index] and self.weights is not None:
                     self.state.left = 0  # a lead with nothing to hand out gives up the rest of its run
-                if more is None:
-                    break  # a call failed and others handed out records: the round ends with those
-                yield from self.second_pass(source, shards[len(first):] + more)
+                if ended:
+                    break
             if self.count:
                 return self.out
-            if self.due_now and again < POLL_AGAIN_MAX:
+            if due_now and again < POLL_AGAIN_MAX:
                 # a shard said something is due now (its scan stopped at its bound in a
                 # long run of delayed records): another round at once, a bounded number
                 again += 1
@@ -115,6 +114,38 @@ class ShardedPoll:
                 return self.out
             block_ms = left_ms if self.block_ms < 0 else min(self.block_ms, left_ms)
             yield BlockAny(list(self.points.items()), block_ms, self.context)
+
+    def take_from(self, source: Source, turn: int, last: bool) -> Plan[bool]:
+        """What is still wanted, from ``source`` (the ``turn``-th of the round): its
+        first pass, then its second. A stream that said something is due now (its scan
+        stopped at its bound in a long run of delayed records) is asked again, a bounded
+        number of times, before a later stream (``last``: there is none) gets anything.
+        Returns True when the round ends: enough, or a call failed with records in hand.
+        A failure of a later stream while earlier ones' records are leased (its group
+        missing, a permission denied) ends the round with those records, logged: it is
+        raised by a poll that has nothing else to hand out."""
+        for again in range(POLL_AGAIN_MAX + 1):
+            want = self.max_records - self.count
+            if want <= 0:
+                return True
+            self.due_now = False
+            shards = self.rotate(source)
+            first = shards[: min(len(shards), want)]
+            quota = max(1, want // len(source.chosen))
+            try:
+                more = yield from self.first_pass(source, first, quota, carry_all=turn == 0 and again == 0)
+                if more is None:
+                    return True  # a call failed and others handed out records: the round ends with those
+                yield from self.second_pass(source, shards[len(first):] + more)
+            except FelixError as exc:
+                if turn == 0 or not self.count:
+                    raise
+                log.warning("%s: stream %s failed, handing out what the streams before it gave: %s",
+                            self.context, source.name.path, exc)
+                return True
+            if last or not self.due_now or self.count >= self.max_records:
+                return False
+        return False
 
     def order(self) -> list[Source]:
         """The sources in this round's order: as given (strict), or led by each stream
@@ -157,16 +188,20 @@ class ShardedPoll:
         replies = yield Batch(calls)
         failure: FelixError | None = None
         ack_failure: FelixError | None = None
+        error: FelixError | None = None
         more = []
         for i, reply in enumerate(replies):
-            if isinstance(reply, LOST):
-                failure = failure or reply
+            if isinstance(reply, FelixError):
+                if isinstance(reply, LOST):
+                    failure = failure or reply
+                else:
+                    error = error or reply
                 if carried[i]:
                     ack_failure = ack_failure or reply
-            elif isinstance(reply, FelixError):
-                raise reply
             elif i < len(shards) and self.take(source, shards[i], quota, reply):
                 more.append(shards[i])
+        if error is not None:
+            raise error  # after every reply was taken: the caller decides what the records in hand become
         if ack_failure is not None:
             raise ack_failure
         if failure is not None:

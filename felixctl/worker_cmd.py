@@ -162,7 +162,7 @@ def worker(
     streams: str | list[str] = stream.split(",") if "," in stream else stream
     try:
         shard_list = parse_shards(shards) if shards is not None else None
-        weight_list = _weights(weights) if weights is not None else None
+        weight_list = None if weights is None else _weights(weights, len(streams) if isinstance(streams, list) else 1)
         backoff = Backoff(backoff_base, backoff_factor, backoff_max, backoff_jitter)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -181,11 +181,13 @@ def worker(
         raise as_operation_error(exc, ctl.known_url) or OperationError(" ".join(str(exc).split())) from None
 
 
-def _weights(text: str) -> list[int]:
-    """``--weights 6,3,1``: whole numbers (the worker checks their range and count)."""
+def _weights(text: str, streams: int) -> list[int]:
+    """``--weights 6,3,1``: one whole number per stream (the worker checks their range)."""
     parts = text.split(",")
     if not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"--weights takes whole numbers separated by commas, e.g. 6,3,1; got {text!r}")
+    if len(parts) != streams:
+        raise ValueError(f"--weights needs one weight per stream: {streams} stream(s), {len(parts)} weight(s)")
     return [int(p) for p in parts]
 
 

@@ -252,7 +252,8 @@ MUTATIONS: list[Mutation] = [
              f"{TRANSPORT} -k 'async and (after or refused)'",
              "the asyncio client never sends a call again (safe, or certainly not sent)"),
     mutation("M38", "7", "felix_redis/protocol.py",
-             "        producer.sequences[slot] = op.args[2]\n", "",
+             "            producer.sequences[slot] = op.args[2]\n            if borrowed:\n",
+             "            if borrowed:\n",
              "tests/test_producer.py -k 'redis and dense'",
              "a producer's quick publish does not move its sequence on: the next is taken for a re-send"),
     mutation("M39", "ack", "felix_redis/sharded.py",
@@ -311,9 +312,9 @@ MUTATIONS: list[Mutation] = [
              "the worker never extends the leases of running handlers"),
     # ---- priorities across streams
     mutation("P1", "priorities", "felix_redis/sharded.py",
-             "                want = self.max_records - self.count\n"
-             "                if want <= 0:\n                    break\n",
-             "                want = self.max_records\n",
+             "            want = self.max_records - self.count\n"
+             "            if want <= 0:\n                return True\n",
+             "            want = self.max_records\n",
              "tests/test_priorities.py -k 'strict_order and redis'",
              "a poll takes from every stream, not only what the streams before it could not fill"),
     mutation("P2", "priorities", "felix_redis/sharded.py",
@@ -332,8 +333,9 @@ MUTATIONS: list[Mutation] = [
              "tests/test_queued_acks.py -k readme_loop",
              "queued acks do not ride on the next poll: a call of their own per batch"),
     mutation("Q2", "queued-acks", "felix_redis/client.py",
-             "        except BaseException:\n            self._requeue(queued)\n            raise\n",
-             "        except BaseException:\n            raise\n",
+             "            if queued:\n                self._requeue(queued)\n"
+             "                self._client._acks.defer(self)\n",
+             "            if queued:\n                pass\n",
              "tests/test_queued_acks.py -k fails_keeps",
              "a poll that fails loses the queued acks it took along"),
     mutation("Q3", "queued-acks", "felix_redis/client.py",

@@ -152,6 +152,7 @@ def test_a_group_over_several_streams_refuses_what_names_no_stream_and_changes_n
         ([1, 2.5, 1], "must be an integer"),
         ([True, 1, 1], "must be an integer"),
         ("631", "weights must be a list"),
+        ({1: 1, 2: 2, 3: 3}, "weights must be a list"),
     ]:
         with pytest.raises(InvalidArgument, match=match):
             client.group_sharded(T, N, STREAMS, G, weights=weights)  # type: ignore[arg-type]
@@ -353,5 +354,53 @@ def test_felixctl_worker_takes_a_list_of_streams_and_weights(
     for weights, message in [("6,x,1", "whole numbers"), ("6,3", "one weight per stream")]:
         bad = felixctl(redis_url, "worker", "urgent,default,bulk", G, "prio_jobs:handle", "--weights", weights,
                        "--burst", cwd=tmp_path)
-        assert bad.returncode != 0 and message in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr  # a usage error
     assert [unfinished(redis_client, s) for s in STREAMS] == [0, 0, 0]
+
+
+# ---------------------------------------------------------------------- found by a review
+
+
+def test_weighted_runs_count_what_the_lead_handed_out_from_any_of_its_shards(client: felix_redis.Client) -> None:
+    """Records on one shard of four (one hot key), polled one at a time: the lead's
+    first pass asks one shard; finding it empty must not end the lead's run when its
+    second pass hands out from another shard."""
+    make(client, shards={name: 4 for name in STREAMS})
+    for name in STREAMS:
+        client.publish_batch(T, N, name, [f"{name}-{i}".encode() for i in range(150)], shard=3)
+    group = client.group_sharded(T, N, STREAMS, G, weights=[6, 3, 1])
+    served: Counter[str] = Counter()
+    items: list[Any] = []
+    for _ in range(200):
+        items = group.poll(1, ack=items)
+        served.update(i.stream for i in items)
+    assert served == {"urgent": 120, "default": 60, "bulk": 20}
+
+
+def test_a_later_stream_that_fails_does_not_strand_what_earlier_streams_leased(
+    client: felix_redis.Client,
+) -> None:
+    client.stream_create(T, N, "a")
+    client.group_create(T, N, "a", G)
+    client.stream_create(T, N, "b")  # no group on b
+    client.publish_batch(T, N, "a", [b"a0", b"a1"])
+    group = client.group_sharded(T, N, ["a", "b"], G)
+    items = group.poll(4)  # a's two, then b fails: a's records are handed out, not stranded
+    assert [i.payload for i in items] == [b"a0", b"a1"]
+    assert group.ack_many(items) == 2
+    with pytest.raises(felix_redis.NotFound, match="group"):
+        group.poll(4)  # nothing else to hand out: the error is raised
+
+
+def test_strict_order_reaches_a_due_record_behind_a_long_run_of_delayed_ones(client: felix_redis.Client) -> None:
+    client.stream_create(T, N, "urgent")
+    client.group_create(T, N, "urgent", G)
+    client.stream_create(T, N, "bulk")
+    client.group_create(T, N, "bulk", G)
+    for _ in range(9):
+        client.publish_batch(T, N, "urgent", [b"later"] * 1000, delay=3600)
+    client.publish(T, N, "urgent", b"urgent-now")
+    client.publish(T, N, "bulk", b"bulk-now")
+    group = client.group_sharded(T, N, ["urgent", "bulk"], G)
+    assert [(i.stream, i.payload) for i in group.poll(1)] == [("urgent", b"urgent-now")]
+    assert [(i.stream, i.payload) for i in group.poll(1)] == [("bulk", b"bulk-now")]
