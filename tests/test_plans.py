@@ -408,7 +408,17 @@ def test_an_empty_long_poll_blocks_once_on_every_shard_until_the_first_due_time(
 # ---------------------------------------------------------------------- publishing
 
 
-def test_a_lost_idempotent_publish_is_sent_again_with_the_same_sequence() -> None:
+def publish_by(path: str, core: Core, answer: Answer, producer: ProducerState | None = None) -> tuple[Any, list[Any]]:
+    """One payload published by the checked plan, or by the drivers' quick path."""
+    if path == "quick":
+        return send_quick(core, answer, producer)
+    if producer is None:
+        return drive(core.publish_single(T, N, S, b"x", None, None), answer)
+    return drive(core.publish_one(T, N, S, b"x", None, None, producer), answer)
+
+
+@pytest.mark.parametrize("path", ["plan", "quick"])
+def test_a_lost_idempotent_publish_is_sent_again_with_the_same_sequence(path: str) -> None:
     core = core_with(1)
     producer = ProducerState("s" * 32)
     sends: list[Eval] = []
@@ -419,14 +429,15 @@ def test_a_lost_idempotent_publish_is_sent_again_with_the_same_sequence() -> Non
         sends.append(op)
         return ConnectionFailed("lost") if len(sends) == 1 else [7, 1, 0, 0, None]
 
-    published, ops = drive(core.publish_one(T, N, S, b"x", None, None, producer), answer)
+    published, ops = publish_by(path, core, answer, producer)
     assert published == Published(0, 7)
     assert [type(op) for op in ops] == [Eval, Sleep, Eval]
     assert sends[0].args == sends[1].args and sends[0].args[2] == 1
     assert producer.sequences == {(core.name(T, N, S).path, 0): 1}
 
 
-def test_a_borrowed_producer_the_shard_forgot_starts_over_once() -> None:
+@pytest.mark.parametrize("path", ["plan", "quick"])
+def test_a_borrowed_producer_the_shard_forgot_starts_over_once(path: str) -> None:
     core = core_with(1)
     sends: list[list[Any]] = []
 
@@ -437,10 +448,11 @@ def test_a_borrowed_producer_the_shard_forgot_starts_over_once() -> None:
     pooled = core.producers.acquire()
     pooled.sequences[(core.name(T, N, S).path, 0)] = 41  # sequences a failover lost
     core.producers.release(pooled)
-    published, _ops = drive(core.publish_single(T, N, S, b"x", None, None), answer)
+    published, _ops = publish_by(path, core, answer)
     assert published == Published(0, 3)
     (secret1, seq1), (secret2, seq2) = [(a[1], a[2]) for a in sends]
     assert (seq1, seq2) == (42, 1) and secret1 != secret2  # a new producer, from sequence 1
+    assert core.producers.acquire() is pooled  # given back
 
 
 def test_a_second_sequence_error_is_raised() -> None:
@@ -499,42 +511,6 @@ def test_a_quick_publish_without_producer_state_is_sent_once() -> None:
     assert published == Published(0, 9) and ops[0].args[1:3] == [b"", 0]
     with pytest.raises(ConnectionFailed):  # no sequence to send again under: the caller decides
         send_quick(core, lambda op: ConnectionFailed("lost"))
-
-
-def test_a_lost_quick_publish_is_sent_again_with_the_same_sequence() -> None:
-    core = core_with(1)
-    producer = ProducerState("s" * 32)
-    sends: list[Eval] = []
-
-    def answer(op: Any) -> Any:
-        if type(op) is Sleep:
-            return None
-        sends.append(op)
-        return ConnectionFailed("lost") if len(sends) == 1 else [7, 1, 0, 0, None]
-
-    published, ops = send_quick(core, answer, producer)
-    assert published == Published(0, 7)
-    assert [type(op) for op in ops] == [Eval, Sleep, Eval]
-    assert sends[0].args == sends[1].args and sends[0].args[2] == 1
-    assert producer.sequences == {(core.name(T, N, S).path, 0): 1}
-
-
-def test_a_borrowed_producer_the_shard_forgot_starts_over_once_on_the_quick_path() -> None:
-    core = core_with(1)
-    sends: list[list[Any]] = []
-
-    def answer(op: Any) -> Any:
-        sends.append(list(op.args))
-        return SequenceError("gap") if len(sends) == 1 else [3, 1, 0, 0, None]
-
-    pooled = core.producers.acquire()
-    pooled.sequences[(core.name(T, N, S).path, 0)] = 41  # sequences a failover lost
-    core.producers.release(pooled)
-    published, _ops = send_quick(core, answer)
-    assert published == Published(0, 3)
-    (secret1, seq1), (secret2, seq2) = [(a[1], a[2]) for a in sends]
-    assert (seq1, seq2) == (42, 1) and secret1 != secret2  # a new producer, from sequence 1
-    assert core.producers.acquire() is pooled
 
 
 def test_a_held_producer_the_shard_forgot_raises_on_the_quick_path() -> None:
