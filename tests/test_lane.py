@@ -291,7 +291,9 @@ def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
                                 lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
             items = await group.poll(3)
             assert sorted(i.payload for i in items) == [b"r1", b"r2"]
-            assert writes == [3, 1, 1]  # the first pass in one write, then shards 1 and 2 one at a time
+            # the first pass in one write, then shards 1 and 2 one at a time (older redis-py
+            # may write other commands on the connection too: those carry no group_poll)
+            assert [w for w in writes if w] == [3, 1, 1]
             replies = await client._lane.call_many([("SET", "k", "v"), ("INCR", "k"), ("GET", "k")])
             assert replies[0] in (b"OK", True) and replies[2] == b"v"
             assert isinstance(replies[1], redis.ResponseError) and "not an integer" in str(replies[1])
