@@ -33,6 +33,7 @@ from felix_redis.checks import (
 )
 from felix_redis.errors import (
     Conflict,
+    ConnectionFailed,
     FelixError,
     GroupExists,
     InvalidArgument,
@@ -355,6 +356,19 @@ class Core:
                 return 1 + int(line.split(":", 1)[1])
         return 1
 
+    def read_all(self, calls: list[Eval]) -> Plan[list[Any]]:
+        """Replies (or the FelixError each raised) of read-only calls, in one round trip
+        (a pipeline; one by one on a Cluster's nodes). A call the connection lost is sent
+        again on its own, so the driver retries it through a failover as a single call."""
+        replies = list((yield Batch(calls))) if len(calls) > 1 else [None]
+        for i, reply in enumerate(replies):
+            if len(calls) == 1 or isinstance(reply, ConnectionFailed):
+                try:
+                    replies[i] = yield calls[i]
+                except FelixError as exc:
+                    replies[i] = exc
+        return replies
+
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> Plan[StreamInfo]:
         name = self.cache.name(tenant, namespace, stream)
         first = yield Eval(
@@ -364,11 +378,15 @@ class Core:
         shards = int(meta["shards"])
         name = self.cache.laid(name, int(meta.get("spread", 0)))
         replies = [first]
-        for shard in range(1, shards):
-            replies.append((yield Eval(
-                "stream_info", name.info_keys(shard), [],
-                f"stream {name.path} shard {shard}",
-            )))
+        if shards > 1:
+            # the other shards in one round trip (a pipeline; one by one on a Cluster's nodes)
+            rest = yield from self.read_all([
+                Eval("stream_info", name.info_keys(shard), [], f"stream {name.path} shard {shard}")
+                for shard in range(1, shards)])
+            for reply in rest:
+                if isinstance(reply, FelixError):
+                    raise reply
+                replies.append(reply)
         tails = [int(flat_dict(r[0])["tail"]) for r in replies]
         firsts = [int(flat_dict(r[0])["first"]) for r in replies]
         max_len, max_age = int(meta["max_len"]), int(meta["max_age"])
@@ -1136,20 +1154,19 @@ class Core:
         name = self.cache.laid(name, settings)
         states = []
         vt = attempts = 0
-        for shard in range(settings.shards):
-            try:
-                r = yield Eval(
-                    "group_describe",
-                    [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)], [],
-                    f"group {group} on stream {name.path} shard {shard}",
-                )
-            except NotFound:
-                if shard == 0:
-                    raise
+        # every shard in one round trip (a pipeline; one by one on a Cluster's nodes)
+        replies = yield from self.read_all([
+            Eval("group_describe", [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)],
+                 [], f"group {group} on stream {name.path} shard {shard}")
+            for shard in range(settings.shards)])
+        for shard, r in enumerate(replies):
+            if isinstance(r, NotFound) and shard > 0:
                 # shard 0 has it, this one not: a group_delete that stopped part-way
                 raise NotFound(
                     f"group {group} on stream {name.path} is incomplete: shard 0 has it, shard {shard} not "
                     "(a group_delete stopped part-way); run group_delete again to finish it") from None
+            if isinstance(r, FelixError):
+                raise r
             position, tail, nxt = int(r[0]), int(r[1]), int(r[2])
             age = int(r[6])
             vt, attempts = int(r[8]), int(r[9])
