@@ -436,6 +436,14 @@ class AsyncClient(_AwaitsToItself):
         info = await self._drive(self.core.stream_describe(tenant, namespace, stream))
         return with_nodes(info, self.redis) if self._cluster else info
 
+    async def has_role(
+        self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
+    ) -> bool:
+        """Whether this Redis user holds ``role`` (``group.consume``, ``group.manage``: name
+        the group; ``stream.publish``, ``stream.admin``) on the stream: what the scripts
+        check before they act (docs/security.md). True on a Redis without ACL."""
+        return await self._drive(self.core.has_role(tenant, namespace, stream, role, group))
+
     async def stream_list(
         self, tenant: str | None = None, namespace: str | None = None
     ) -> list[tuple[str, str, str]]:
@@ -577,6 +585,11 @@ class AsyncClient(_AwaitsToItself):
         record: Record | Item | str, reason: str = "",
     ) -> None:
         await self._drive(self.core.group_dead_letter(tenant, namespace, stream, shard, group, record, reason))
+
+    async def group_consumers(self, tenant: str, namespace: str, stream: str, group: str) -> dict[str, list[str]]:
+        """Named consumers (``group_poll_as``) and the claims (``SHARD:OFFSET``) of the
+        leases each holds now."""
+        return await self._drive(self.core.group_consumers(tenant, namespace, stream, group))
 
     async def group_dead_letters(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str

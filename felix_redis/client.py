@@ -494,6 +494,14 @@ class Client:
         info = self._drive(self.core.stream_describe(tenant, namespace, stream))
         return with_nodes(info, self.redis) if self._cluster else info
 
+    def has_role(
+        self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
+    ) -> bool:
+        """Whether this Redis user holds ``role`` (``group.consume``, ``group.manage``: name
+        the group; ``stream.publish``, ``stream.admin``) on the stream: what the scripts
+        check before they act (docs/security.md). True on a Redis without ACL."""
+        return self._drive(self.core.has_role(tenant, namespace, stream, role, group))
+
     def stream_list(
         self, tenant: str | None = None, namespace: str | None = None
     ) -> list[tuple[str, str, str]]:
@@ -715,6 +723,11 @@ class Client:
     ) -> None:
         self._drive(self.core.group_dead_letter(
             tenant, namespace, stream, shard, group, record, reason))
+
+    def group_consumers(self, tenant: str, namespace: str, stream: str, group: str) -> dict[str, list[str]]:
+        """Named consumers (``group_poll_as``) and the claims (``SHARD:OFFSET``) of the
+        leases each holds now."""
+        return self._drive(self.core.group_consumers(tenant, namespace, stream, group))
 
     def group_dead_letters(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str

@@ -46,6 +46,8 @@ from felix_redis.errors import (
     WrongKeyType,
 )
 from felix_redis.keys import (
+    STREAM_ROLE_CAPS,
+    capability_key,
     GROUP_ROLES,
     StreamName,
     check_name,
@@ -406,6 +408,27 @@ class Core:
             firsts=firsts,
             tags=[name.tag(shard) for shard in range(shards)],
         )
+
+    def has_role(
+        self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
+    ) -> Plan[bool]:
+        """Whether this Redis user holds ``role`` (docs/security.md) on the stream, or on
+        its ``group`` for a group role: the check the scripts make, asked with one EXISTS
+        on the role's capability key (refused: no). Without ACL every user holds every
+        role. Nothing is written; an unknown stream raises NotFound."""
+        name = self.cache.name(tenant, namespace, stream)
+        if group is not None:
+            check_name(group, "group")
+        settings = yield from self.settings(name)
+        name = self.cache.laid(name, settings)
+        if group is not None and role in STREAM_ROLE_CAPS:
+            raise InvalidArgument(f"role {role} is held on a whole stream: leave the group out")
+        key = capability_key(self.prefix, name.tag(0), role, group)  # unknown role: InvalidArgument
+        try:
+            yield Cmd("EXISTS", key, key=key)
+        except PermissionDenied:
+            return False
+        return True
 
     def stream_list(self, tenant: str | None = None, namespace: str | None = None) -> Plan[list[tuple[str, str, str]]]:
         """Streams of one tenant (its registry), or of every tenant the tenants set
@@ -1111,6 +1134,26 @@ class Core:
                 ) from None
         out.sort(key=lambda d: d.offset)
         return out
+
+    def group_consumers(
+        self, tenant: str, namespace: str, stream: str, group: str
+    ) -> Plan[dict[str, list[str]]]:
+        """Named consumers (``group_poll_as``) and the claims (``SHARD:OFFSET``) of the
+        leases each took that the group still holds, from every shard's ``G:owner``
+        hash (docs/keys.md). Consumers that never polled by name are not listed."""
+        name = self.cache.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        name = self.cache.laid(name, settings)
+        owner_at = GROUP_ROLES.index("owner")
+        out: dict[str, list[str]] = {}
+        for shard in range(settings.shards):
+            key = name.group_key_list(shard, group)[owner_at]
+            reply = yield Cmd("HGETALL", key, key=key)
+            pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+            for offset, consumer in sorted(pairs, key=lambda p: int(p[0])):
+                out.setdefault(as_text(consumer), []).append(f"{shard}:{as_text(offset)}")
+        return dict(sorted(out.items()))
 
     def _dead_op(
         self, script: str, tenant: str, namespace: str, stream: str, shard: int, group: str,
