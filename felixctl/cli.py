@@ -86,6 +86,7 @@ def cli(ctx: click.Context, redis_url: str | None, redis_url_file: str | None, t
 
 def _register() -> None:
     from felixctl.acl import acl, install
+    from felixctl.dashboard_cmd import dashboard
     from felixctl.demo import demo
     from felixctl.groups import group
     from felixctl.records import pub, sub
@@ -93,7 +94,7 @@ def _register() -> None:
     from felixctl.streams import stream
     from felixctl.worker_cmd import metrics, worker
 
-    for command in (stream, group, pub, sub, worker, metrics, demo, acl, install, schedule, scheduler):
+    for command in (stream, group, pub, sub, worker, metrics, demo, acl, install, schedule, scheduler, dashboard):
         cli.add_command(command)
 
 
