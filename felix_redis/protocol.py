@@ -46,10 +46,10 @@ from felix_redis.errors import (
     WrongKeyType,
 )
 from felix_redis.keys import (
-    STREAM_ROLE_CAPS,
-    capability_key,
     GROUP_ROLES,
+    STREAM_ROLE_CAPS,
     StreamName,
+    capability_key,
     check_name,
     check_record_key,
     registry_key,
@@ -1150,7 +1150,7 @@ class Core:
         for shard in range(settings.shards):
             key = name.group_key_list(shard, group)[owner_at]
             reply = yield Cmd("HGETALL", key, key=key)
-            pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+            pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=True))
             for offset, consumer in sorted(pairs, key=lambda p: int(p[0])):
                 out.setdefault(as_text(consumer), []).append(f"{shard}:{as_text(offset)}")
         return dict(sorted(out.items()))

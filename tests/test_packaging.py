@@ -48,3 +48,16 @@ def test_installed_package_loads_its_own_scripts(unpacked_wheel: Path) -> None:
     lua_dir, count = result.stdout.split()
     assert lua_dir == str(unpacked_wheel / "felix_redis" / "lua")
     assert int(count) == len(list((ROOT / "lua").glob("*.lua")))
+
+
+def test_wheel_ships_every_dashboard_asset(unpacked_wheel: Path) -> None:
+    """The dashboard works offline: its templates, script and style sheet are in the
+    wheel, and the pages load nothing from another host."""
+    source = ROOT / "felix_redis" / "dashboard"
+    for folder in ("templates", "static"):
+        shipped = {p.name for p in (unpacked_wheel / "felix_redis" / "dashboard" / folder).iterdir()}
+        assert shipped == {p.name for p in (source / folder).iterdir()}, folder
+        assert shipped
+    for page in (source / "templates").iterdir():
+        text = page.read_text()
+        assert "http://" not in text and "https://" not in text and "//cdn" not in text, page.name

@@ -117,6 +117,10 @@ def fmt_time(at: datetime | float | None) -> str:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def fmt_num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
 def chart_svg(points: list[tuple[float, float]], width: int = 320, height: int = 90) -> dict[str, Any]:
     """A line chart's SVG coordinates (the template draws it): no chart library, no JS."""
     if not points:
@@ -129,7 +133,7 @@ def chart_svg(points: list[tuple[float, float]], width: int = 320, height: int =
         f"{pad + (t - t0) / span_t * (width - 2 * pad):.1f},{height - pad - v / span_v * (height - 2 * pad):.1f}"
         for t, v in points)
     return {"empty": False, "width": width, "height": height, "coords": coords, "top": top,
-            "last": points[-1][1], "minutes": max(1, round((t1 - t0) / 60)), "samples": len(points)}
+            "last": points[-1][1], "span": fmt_age(int((t1 - t0) * 1000)), "samples": len(points)}
 
 
 def _group_json(info: GroupInfo) -> dict[str, Any]:
@@ -161,8 +165,8 @@ class Dashboard:
                         if token else None)
         self.env = Environment(loader=PackageLoader("felix_redis.dashboard", "templates"),
                                autoescape=select_autoescape(default=True, default_for_string=True))
-        self.env.globals.update(fmt_age=fmt_age, fmt_time=fmt_time, quote=quote, version=felix_redis.__version__,
-                                read_only=read_only)
+        self.env.globals.update(fmt_age=fmt_age, fmt_time=fmt_time, fmt_num=fmt_num, quote=quote,
+                                version=felix_redis.__version__, read_only=read_only)
         self.env.filters["q"] = lambda s: quote(str(s), safe="")
 
     # -- access
@@ -304,7 +308,7 @@ def build(dash: Dashboard) -> Starlette:
     async def api_streams(request: Request) -> Any:
         found = await board.streams()
         infos = await asyncio.gather(*(board.stream(w) for w in found), return_exceptions=True)
-        out = []
+        out: list[dict[str, Any]] = []
         for (t, n, s), info in zip(found, infos, strict=True):
             if isinstance(info, NotFound):
                 continue  # deleted while listed
@@ -468,7 +472,7 @@ def build(dash: Dashboard) -> Starlette:
                 await board.client.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    app.add_middleware(Guard, dash=dash)  # type: ignore[arg-type]
+    app.add_middleware(Guard, dash=dash)
     return app
 
 
