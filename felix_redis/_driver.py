@@ -39,7 +39,7 @@ from felix_redis.errors import (
 )
 from felix_redis.lane import NotSent
 from felix_redis.models import Record, StreamInfo, parse_claim
-from felix_redis.protocol import TRANSIENT_ERRORS, Batch, Core, Eval, Op, Plan, check_list, retry_delays
+from felix_redis.protocol import TRANSIENT_ERRORS, Batch, Cmd, Core, Eval, Op, Plan, check_list, retry_delays
 from felix_redis.sharded import PollState
 
 log = logging.getLogger("felix_redis")
@@ -206,16 +206,20 @@ class BatchRun:
             self.rounds += 1
             if self.rounds > 4:
                 raise ConnectionFailed(f"Redis at {self.url} keeps forgetting the scripts (FLUSH?)")
-        return [self.runner.command(e.script, e.keys, e.args) for e in (self.op.ops[i] for i in self.todo)]
+        return [e.args if isinstance(e, Cmd) else self.runner.command(e.script, e.keys, e.args)
+                for e in (self.op.ops[i] for i in self.todo)]
 
     def take(self, replies: list[Any]) -> set[str]:
         """Records the replies; returns the names of the scripts to load first."""
         again, load = [], set()
         pause: float | None = None  # this round's, taken when the first call was refused
         for i, reply in zip(self.todo, replies, strict=True):
-            if self.runner.missing(reply):
+            op = self.op.ops[i]
+            if isinstance(op, Cmd):
+                self.results[i] = translate(reply, op, self.url) if isinstance(reply, Exception) else reply
+            elif self.runner.missing(reply):
                 again.append(i)
-                load.add(self.op.ops[i].script)
+                load.add(op.script)
             elif self.runner.switch_to_evalsha(reply):
                 again.append(i)
             else:
@@ -231,7 +235,7 @@ class BatchRun:
         return load
 
 
-def outcome(run: Any, op: Eval) -> Any:
+def outcome(run: Any, op: Eval | Cmd) -> Any:
     """``run(op)``'s reply, or the FelixError it raised (for a Batch's reply list)."""
     try:
         return run(op)

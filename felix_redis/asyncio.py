@@ -259,7 +259,7 @@ class AsyncClient(_AwaitsToItself):
 
     async def _batch(self, op: Batch) -> list[Any]:
         """As :meth:`felix_redis.Client._batch`, on redis.asyncio."""
-        if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
+        if self._cluster or len(op.ops) == 1 or any(type(e) is Eval and e.replicas for e in op.ops):
             results = []
             for e in op.ops:
                 try:
@@ -436,6 +436,16 @@ class AsyncClient(_AwaitsToItself):
         info = await self._drive(self.core.stream_describe(tenant, namespace, stream))
         return with_nodes(info, self.redis) if self._cluster else info
 
+    async def stream_overview(
+        self, tenant: str, namespace: str, stream: str
+    ) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
+        """``stream_describe`` and every group's ``group_describe`` at once, in two round
+        trips whatever the shard and group counts (one pipeline after shard 0's info; on
+        Redis Cluster one call per node). A group whose describe failed maps to its
+        error, the others still show (the dashboard's overview)."""
+        info, groups = await self._drive(self.core.stream_overview(tenant, namespace, stream))
+        return (with_nodes(info, self.redis) if self._cluster else info), groups
+
     async def has_role(
         self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
     ) -> bool:
@@ -596,6 +606,10 @@ class AsyncClient(_AwaitsToItself):
     ) -> list[DeadLetter]:
         return await self._drive(self.core.group_dead_letters(tenant, namespace, stream, shard, group))
 
+    async def group_dead_letters_all(self, tenant: str, namespace: str, stream: str, group: str) -> list[DeadLetter]:
+        """Every shard's dead letters (by shard and offset) in one round trip."""
+        return await self._drive(self.core.group_dead_letters_all(tenant, namespace, stream, group))
+
     async def group_redrive(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offsets: Iterable[int | str] | None = None,
@@ -629,6 +643,13 @@ class AsyncClient(_AwaitsToItself):
         self, tenant: str, namespace: str, stream: str, shard: int, start: int, count: int = 100
     ) -> list[Record]:
         return (await self._drive(self.core.read(tenant, namespace, stream, shard, start, count)))[0]
+
+    async def read_at(
+        self, tenant: str, namespace: str, stream: str, where: Sequence[tuple[int, int]]
+    ) -> list[Record | None]:
+        """The records at the given (shard, offset)s in one round trip; None where
+        retention trimmed the record (e.g. the payloads of dead letters)."""
+        return await self._drive(self.core.read_at(tenant, namespace, stream, where))
 
     async def subscribe(
         self, tenant: str, namespace: str, stream: str,

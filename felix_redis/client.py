@@ -312,7 +312,7 @@ class Client:
     def _batch(self, op: Batch) -> list[Any]:
         """The calls in one pipeline (see :class:`BatchRun`); one by one on Cluster or
         with WAIT."""
-        if self._cluster or len(op.ops) == 1 or any(e.replicas for e in op.ops):
+        if self._cluster or len(op.ops) == 1 or any(type(e) is Eval and e.replicas for e in op.ops):
             return [outcome(self._execute_once, e) for e in op.ops]
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         lane = self._lane
@@ -493,6 +493,16 @@ class Client:
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> StreamInfo:
         info = self._drive(self.core.stream_describe(tenant, namespace, stream))
         return with_nodes(info, self.redis) if self._cluster else info
+
+    def stream_overview(
+        self, tenant: str, namespace: str, stream: str
+    ) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
+        """``stream_describe`` and every group's ``group_describe`` at once, in two round
+        trips whatever the shard and group counts (one pipeline after shard 0's info; on
+        Redis Cluster one call per node). A group whose describe failed maps to its
+        error, the others still show (the dashboard's overview)."""
+        info, groups = self._drive(self.core.stream_overview(tenant, namespace, stream))
+        return (with_nodes(info, self.redis) if self._cluster else info), groups
 
     def has_role(
         self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
@@ -734,6 +744,10 @@ class Client:
     ) -> list[DeadLetter]:
         return self._drive(self.core.group_dead_letters(tenant, namespace, stream, shard, group))
 
+    def group_dead_letters_all(self, tenant: str, namespace: str, stream: str, group: str) -> list[DeadLetter]:
+        """Every shard's dead letters (by shard and offset) in one round trip."""
+        return self._drive(self.core.group_dead_letters_all(tenant, namespace, stream, group))
+
     def group_redrive(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str,
         offsets: Iterable[int | str] | None = None,
@@ -776,6 +790,13 @@ class Client:
     ) -> list[Record]:
         """Records of one shard from offset ``start`` on (attempts 0); group-independent."""
         return self._drive(self.core.read(tenant, namespace, stream, shard, start, count))[0]
+
+    def read_at(
+        self, tenant: str, namespace: str, stream: str, where: Sequence[tuple[int, int]]
+    ) -> list[Record | None]:
+        """The records at the given (shard, offset)s in one round trip; None where
+        retention trimmed the record (e.g. the payloads of dead letters)."""
+        return self._drive(self.core.read_at(tenant, namespace, stream, where))
 
     def subscribe(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from felix_redis.errors import ConnectionFailed, OutcomeUnknown
@@ -71,13 +71,14 @@ class BlockAny:
 
 
 class Batch:
-    """Several script calls in one round trip (a pipeline, no transaction). The reply is a
-    list holding each call's reply, or the FelixError it raised. A driver may run them one
-    by one instead (Redis Cluster, where shards live on different nodes; calls that WAIT)."""
+    """Several script calls (or plain commands) in one round trip (a pipeline, no
+    transaction). The reply is a list holding each call's reply, or the FelixError it
+    raised. A driver may run them one by one instead (Redis Cluster, where shards live on
+    different nodes; calls that WAIT)."""
 
     __slots__ = ("ops",)
 
-    def __init__(self, ops: list[Eval]) -> None:
+    def __init__(self, ops: Sequence[Eval | Cmd]) -> None:
         self.ops = ops
 
 
@@ -109,7 +110,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
     "schedule_due", "schedule_fire", "schedule_set",
 })
 RETRY_SAFE_COMMANDS = frozenset({
-    "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING",
+    "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING", "HGETALL",
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.

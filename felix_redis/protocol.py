@@ -146,6 +146,22 @@ def malformed_claims(
     return MalformedClaims(message, outcomes, [str(refs[i]) for i in refused])
 
 
+def dead_letters_of(reply: list[Any], shard: int, context: str) -> list[DeadLetter]:
+    """A group_dead_letters reply (OFFSET, ATTEMPTS|MS|REASON, ...) by offset."""
+    out = []
+    for i in range(0, len(reply), 2):
+        try:
+            attempts, ms, reason = as_text(reply[i + 1]).split("|", 2)
+            out.append(DeadLetter(shard, int(reply[i]), int(attempts), reason, int(ms)))
+        except ValueError:
+            raise FelixError(
+                f"{context}: dead-letter entry {as_text(reply[i])!r} is not in felix-redis's format "
+                "(ATTEMPTS|MS|REASON); another application wrote it"
+            ) from None
+    out.sort(key=lambda d: d.offset)
+    return out
+
+
 class Core:
     """Builds plans. Holds the key prefix and defaults, the round-robin counter, and
     three collaborators: :attr:`cache` (names, keys, stream settings), :attr:`producers`
@@ -358,11 +374,13 @@ class Core:
                 return 1 + int(line.split(":", 1)[1])
         return 1
 
-    def read_all(self, calls: list[Eval]) -> Plan[list[Any]]:
+    def read_all(self, calls: Sequence[Eval | Cmd]) -> Plan[list[Any]]:
         """Replies (or the FelixError each raised) of read-only calls, in one round trip
         (a pipeline; one by one on a Cluster's nodes). A call the connection lost is sent
         again on its own, so the driver retries it through a failover as a single call."""
-        replies = list((yield Batch(calls))) if len(calls) > 1 else [None]
+        if not calls:
+            return []
+        replies = list((yield Batch(list(calls)))) if len(calls) > 1 else [None]
         for i, reply in enumerate(replies):
             if len(calls) == 1 or isinstance(reply, ConnectionFailed):
                 try:
@@ -372,6 +390,15 @@ class Core:
         return replies
 
     def stream_describe(self, tenant: str, namespace: str, stream: str) -> Plan[StreamInfo]:
+        info, _groups = yield from self.stream_overview(tenant, namespace, stream, groups=False)
+        return info
+
+    def stream_overview(
+        self, tenant: str, namespace: str, stream: str, groups: bool = True,
+    ) -> Plan[tuple[StreamInfo, dict[str, GroupInfo | FelixError]]]:
+        """The stream's describe and every group's, in two round trips whatever the
+        shard and group counts (shard 0's info, then one pipeline of the rest). A group
+        whose describe failed maps to its error (the others still show)."""
         name = self.cache.name(tenant, namespace, stream)
         first = yield Eval(
             "stream_info", name.info_keys(0), [], f"stream {name.path}"
@@ -379,20 +406,22 @@ class Core:
         meta = flat_dict(first[0])
         shards = int(meta["shards"])
         name = self.cache.laid(name, int(meta.get("spread", 0)))
+        names = sorted(as_text(g) for g in first[1])
+        calls = [Eval("stream_info", name.info_keys(shard), [], f"stream {name.path} shard {shard}")
+                 for shard in range(1, shards)]
+        if groups:
+            for group in names:
+                calls += self.group_describe_calls(name, shards, group)
+        rest = (yield from self.read_all(calls)) if calls else []
         replies = [first]
-        if shards > 1:
-            # the other shards in one round trip (a pipeline; one by one on a Cluster's nodes)
-            rest = yield from self.read_all([
-                Eval("stream_info", name.info_keys(shard), [], f"stream {name.path} shard {shard}")
-                for shard in range(1, shards)])
-            for reply in rest:
-                if isinstance(reply, FelixError):
-                    raise reply
-                replies.append(reply)
+        for reply in rest[:shards - 1]:
+            if isinstance(reply, FelixError):
+                raise reply
+            replies.append(reply)
         tails = [int(flat_dict(r[0])["tail"]) for r in replies]
         firsts = [int(flat_dict(r[0])["first"]) for r in replies]
         max_len, max_age = int(meta["max_len"]), int(meta["max_age"])
-        return StreamInfo(
+        info = StreamInfo(
             tenant, namespace, stream,
             kind=as_text(meta["kind"]),
             shards=shards,
@@ -403,11 +432,21 @@ class Core:
             max_payload=int(meta["max_payload"]),
             retention_mode=as_text(meta.get("mode", b"safe")),
             created_ms=int(meta["created"]),
-            groups=sorted(as_text(g) for g in first[1]),
+            groups=names,
             tails=tails,
             firsts=firsts,
             tags=[name.tag(shard) for shard in range(shards)],
         )
+        described: dict[str, GroupInfo | FelixError] = {}
+        if groups:
+            at = shards - 1
+            for group in names:
+                try:
+                    described[group] = self.group_info(name, group, rest[at:at + shards])
+                except FelixError as exc:
+                    described[group] = exc
+                at += shards
+        return info, described
 
     def has_role(
         self, tenant: str, namespace: str, stream: str, role: str, group: str | None = None
@@ -1122,18 +1161,7 @@ class Core:
         _name, _settings, shard, keys, context = yield from self.group_op(
             tenant, namespace, stream, shard, group)
         reply = yield Eval("group_dead_letters", keys, [], context)
-        out = []
-        for i in range(0, len(reply), 2):
-            try:
-                attempts, ms, reason = as_text(reply[i + 1]).split("|", 2)
-                out.append(DeadLetter(shard, int(reply[i]), int(attempts), reason, int(ms)))
-            except ValueError:
-                raise FelixError(
-                    f"{context}: dead-letter entry {as_text(reply[i])!r} is not in felix-redis's format "
-                    "(ATTEMPTS|MS|REASON); another application wrote it"
-                ) from None
-        out.sort(key=lambda d: d.offset)
-        return out
+        return dead_letters_of(reply, shard, context)
 
     def group_consumers(
         self, tenant: str, namespace: str, stream: str, group: str
@@ -1147,13 +1175,30 @@ class Core:
         name = self.cache.laid(name, settings)
         owner_at = GROUP_ROLES.index("owner")
         out: dict[str, list[str]] = {}
-        for shard in range(settings.shards):
-            key = name.group_key_list(shard, group)[owner_at]
-            reply = yield Cmd("HGETALL", key, key=key)
+        keys = [name.group_key_list(shard, group)[owner_at] for shard in range(settings.shards)]
+        replies = yield from self.read_all([Cmd("HGETALL", key, key=key) for key in keys])
+        for shard, reply in enumerate(replies):
+            if isinstance(reply, FelixError):
+                raise reply
             pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=True))
             for offset, consumer in sorted(pairs, key=lambda p: int(p[0])):
                 out.setdefault(as_text(consumer), []).append(f"{shard}:{as_text(offset)}")
         return dict(sorted(out.items()))
+
+    def group_dead_letters_all(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[list[DeadLetter]]:
+        """Every shard's dead letters in one round trip (a pipeline), by shard and offset."""
+        name = self.cache.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        name = self.cache.laid(name, settings)
+        targets = [self.cache.group_shard_keys(name, shard, group) for shard in range(settings.shards)]
+        replies = yield from self.read_all([Eval("group_dead_letters", keys, [], context) for keys, context in targets])
+        out = []
+        for shard, (reply, (_keys, context)) in enumerate(zip(replies, targets, strict=True)):
+            if isinstance(reply, FelixError):
+                raise reply
+            out += dead_letters_of(reply, shard, context)
+        return out
 
     def _dead_op(
         self, script: str, tenant: str, namespace: str, stream: str, shard: int, group: str,
@@ -1190,18 +1235,19 @@ class Core:
     ) -> Plan[int]:
         return (yield from self._dead_op("group_discard", tenant, namespace, stream, shard, group, offsets))
 
-    def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[GroupInfo]:
-        name = self.cache.name(tenant, namespace, stream)
-        check_name(group, "group")
-        settings = yield from self.settings(name)
-        name = self.cache.laid(name, settings)
+    @staticmethod
+    def group_describe_calls(name: StreamName, shards: int, group: str) -> list[Eval]:
+        return [Eval("group_describe",
+                     [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)],
+                     [], f"group {group} on stream {name.path} shard {shard}")
+                for shard in range(shards)]
+
+    @staticmethod
+    def group_info(name: StreamName, group: str, replies: list[Any]) -> GroupInfo:
+        """A GroupInfo from the group_describe replies of every shard (raises the first
+        error a shard's call raised)."""
         states = []
         vt = attempts = 0
-        # every shard in one round trip (a pipeline; one by one on a Cluster's nodes)
-        replies = yield from self.read_all([
-            Eval("group_describe", [*name.shard_keys(shard), *name.group_key_list(shard, group), name.due_key(shard)],
-                 [], f"group {group} on stream {name.path} shard {shard}")
-            for shard in range(settings.shards)])
         for shard, r in enumerate(replies):
             if isinstance(r, NotFound) and shard > 0:
                 # shard 0 has it, this one not: a group_delete that stopped part-way
@@ -1226,7 +1272,16 @@ class Core:
                 oldest_unfinished_age_ms=None if age < 0 else age, trimmed=int(r[7]),
                 unfinished=pending + owed + in_flight + scheduled, scheduled=scheduled, rate_limit=rate,
             ))
-        return GroupInfo(tenant, namespace, stream, group, vt, attempts, states)
+        return GroupInfo(name.tenant, name.namespace, name.stream, group, vt, attempts, states)
+
+    def group_describe(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[GroupInfo]:
+        name = self.cache.name(tenant, namespace, stream)
+        check_name(group, "group")
+        settings = yield from self.settings(name)
+        name = self.cache.laid(name, settings)
+        # every shard in one round trip (a pipeline; one by one on a Cluster's nodes)
+        replies = yield from self.read_all(self.group_describe_calls(name, settings.shards, group))
+        return self.group_info(name, group, replies)
 
     # -- reading (subscribers, replay)
 
@@ -1245,6 +1300,27 @@ class Core:
             f"stream {name.path} shard {shard}",
         )
         return parse_records(reply, 3, int(reply[2]), shard), int(reply[0]), int(reply[1])
+
+    def read_at(
+        self, tenant: str, namespace: str, stream: str, where: Sequence[tuple[int, int]]
+    ) -> Plan[list[Record | None]]:
+        """The records at the given (shard, offset)s, in one round trip (a pipeline);
+        None where the log no longer holds one (retention trimmed it)."""
+        name = self.cache.name(tenant, namespace, stream)
+        settings = yield from self.settings(name)
+        name = self.cache.laid(name, settings)
+        checked = [(self.shard_of(name, settings, shard), check_int(offset, "offset", 0, MAX_OFFSET))
+                   for shard, offset in where]
+        replies = yield from self.read_all([
+            Eval("stream_read", name.shard_keys(shard), [offset, 1], f"stream {name.path} shard {shard}")
+            for shard, offset in checked])
+        out: list[Record | None] = []
+        for (shard, offset), reply in zip(checked, replies, strict=True):
+            if isinstance(reply, FelixError):
+                raise reply
+            found = parse_records(reply, 3, int(reply[2]), shard)
+            out.append(found[0] if found and found[0].offset == offset else None)
+        return out
 
     def subscribe_start(
         self, tenant: str, namespace: str, stream: str, start: object, shards: Iterable[int] | None

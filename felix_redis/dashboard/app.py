@@ -387,11 +387,8 @@ def build(dash: Dashboard) -> Starlette:
 
     async def stream_page(request: Request) -> Response:
         where = _where(request)
-        info = await board.stream(where)
-        groups = await asyncio.gather(*(board.group(where, g) for g in info.groups), return_exceptions=True)
-        rows = [(g, None if isinstance(r, BaseException) else r,
-                 error_text(r) if isinstance(r, BaseException) else None) for g, r in zip(info.groups, groups,
-                                                                                            strict=True)]
+        info, groups = await board.stream_groups(where)
+        rows = [(g, r, None) if isinstance(r, GroupInfo) else (g, None, error_text(r)) for g, r in groups.items()]
         return dash.page(request, "stream.html", where=where, info=info, rows=rows)
 
     async def group_page(request: Request) -> Response:

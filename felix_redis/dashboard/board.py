@@ -146,20 +146,16 @@ class Board:
             return await make()
 
     async def _stream_row(self, where: Where) -> StreamRow:
+        """The stream and its groups in two round trips (``stream_overview``)."""
         row = StreamRow(where)
         try:
-            row.info = await self._limited(lambda: self.client.stream_describe(*where))
+            row.info, groups = await self._limited(lambda: self.client.stream_overview(*where))
         except (FelixError, OSError) as exc:
             row.error = error_text(exc)
             return row
-
-        async def one(group: str) -> GroupRow:
-            try:
-                return GroupRow(group, await self._limited(lambda: self.client.group_describe(*where, group)))
-            except (FelixError, OSError) as exc:
-                return GroupRow(group, error=error_text(exc))
-
-        row.groups = list(await asyncio.gather(*(one(g) for g in row.info.groups)))
+        for name, got in groups.items():
+            row.groups.append(GroupRow(name, error=error_text(got)) if isinstance(got, BaseException)
+                              else GroupRow(name, got))
         return row
 
     async def sweep(self) -> Snapshot:
@@ -214,6 +210,10 @@ class Board:
     async def stream(self, where: Where) -> StreamInfo:
         return await self.client.stream_describe(*where)
 
+    async def stream_groups(self, where: Where) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
+        """The stream and its groups' describes (two round trips)."""
+        return await self.client.stream_overview(*where)
+
     async def group(self, where: Where, group: str) -> GroupInfo:
         info = await self.client.group_describe(*where, group)
         key = (*where, group)
@@ -247,18 +247,13 @@ class Board:
     ) -> tuple[list[tuple[DeadLetter, Record | None]], int]:
         """(dead letters with their records, how many there are in all); at most
         :data:`DEAD_PAGE`, only those whose reason starts with ``reason`` when given."""
-        info = await self.client.stream_describe(*where)
-        await self.client.group_describe(*where, group)  # an unknown group: NotFound
-        lists = await asyncio.gather(*(self.client.group_dead_letters(*where, s, group) for s in range(info.shards)))
-        letters = [d for one in lists for d in one if reason is None or d.reason.startswith(reason)]
+        letters = [d for d in await self.client.group_dead_letters_all(*where, group)
+                   if reason is None or d.reason.startswith(reason)]
         letters.sort(key=lambda d: (-d.dead_ms, d.shard, d.offset))
         total, letters = len(letters), letters[:DEAD_PAGE]
         records: list[Record | None] = [None] * len(letters)
         if payloads and letters:
-            async def read(d: DeadLetter) -> Record | None:
-                got = await self._limited(lambda: self.client.read(*where, d.shard, d.offset, 1))
-                return got[0] if got and got[0].offset == d.offset else None  # None: trimmed
-            records = list(await asyncio.gather(*(read(d) for d in letters)))
+            records = await self.client.read_at(*where, [(d.shard, d.offset) for d in letters])
         return list(zip(letters, records, strict=True)), total
 
     async def settle(self, where: Where, group: str, verb: str, claims: list[tuple[int, int]] | None) -> int:
