@@ -287,7 +287,11 @@ class Runner:
                 f"the felix-redis function library {self.library.name} is not installed on this server, and this "
                 "Redis user may not install it: an administrator runs `felixctl install` (or "
                 "client.load_library()) once per server and after every upgrade (docs/security.md)")
-        if isinstance(error, NoPermissionError) or "unknown command" in text or "unknown subcommand" in text:
+        # only a refusal of FCALL itself: a refused key ("access one of the keys") or a
+        # script's own role check (NOPERM ... lacks the ... role) says nothing about FCALL,
+        # and switching then would leave a role user (no EVALSHA) refused for good
+        if (isinstance(error, NoPermissionError) and "'fcall'" in text) or "unknown command" in text \
+                or "unknown subcommand" in text:
             self.functions = False
             return True
         return False

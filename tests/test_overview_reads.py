@@ -155,3 +155,25 @@ def test_has_role_asks_redis_acl(acl_users: dict[str, felix_redis.Client]) -> No
     with pytest.raises(felix_redis.PermissionDenied):
         consumer.group_redrive(*A, 0, G, None)
     assert manager.group_redrive(*A, 0, G, None) == 0
+
+
+def test_a_refusal_does_not_turn_the_client_away_from_fcall(
+    acl_users: dict[str, felix_redis.Client], redis_url: str,
+) -> None:
+    """A role's refusal (the script's role check, or ACL refusing a key) says nothing
+    about FCALL: the same client goes on working. (It used to switch to EVALSHA for good
+    on any NOPERM, which a role user may not run: every later call was refused.)"""
+    admin = felix_redis.connect(redis_url)
+    admin.group_create(*A, "other")
+    admin.stream_create(T, N, "secret")
+    admin.publish(*A, b"one", shard=0)
+    consumer = acl_users["group.consume"]
+    for refused in (lambda: consumer.group_redrive(*A, 0, G, None),        # the script's role check
+                    lambda: consumer.group_describe(*A, "other"),           # another group's keys
+                    lambda: consumer.stream_describe(T, N, "secret")):      # another stream's keys
+        with pytest.raises(felix_redis.PermissionDenied):
+            refused()
+        assert consumer._runner.functions
+        assert consumer.group_describe(*A, G).pending == 1
+    assert [r.payload for r in consumer.group_poll(*A, 0, G)] == [b"one"]
+    admin.close()
