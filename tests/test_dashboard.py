@@ -166,6 +166,35 @@ def test_api_refuses_what_is_not_json(filled: felix_redis.Client, raw: redis.Red
     assert dump_keyspace(raw) == before
 
 
+def test_hostile_input_gets_400_never_a_500(filled: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    filled.publish_keyed(*A, b"\xff\xfe-bin-key", b"keyed")  # a key that is not UTF-8
+    before = dump_keyspace(raw)
+    with serving(redis_url) as base:
+        for path in (f"/streams/{T}/{N}/{S}/records", f"{API}/records"):
+            for shard in range(2):
+                r = get(base, path, params={"shard": str(shard)})
+                assert r.status_code == 200, (path, shard, r.text[:200])
+            for bad in ("\u00b2", "\u0661", "-1", "1.5", "x", "9" * 30):
+                assert get(base, path, params={"shard": bad}).status_code == 400, (path, bad)
+                assert get(base, path, params={"from": bad}).status_code == 400, (path, bad)
+        shown = get(base, f"{API}/records", params={"shard": "0"}).text + get(
+            base, f"{API}/records", params={"shard": "1"}).text
+        assert "\\udcff\\udcfe-bin-key" in shown
+        action = f"{API}/groups/{G}/redrive"
+        r = httpx.post(base + action, content=b"[" * 100_000, headers={"Content-Type": "application/json"},
+                       timeout=10)
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+        big = b'{"records": ["' + b"0" * (2 << 20) + b'"]}'
+        r = httpx.post(base + action, content=big, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and "larger than" in r.json()["error"]
+        r = get(base, "/api/nothing/here")
+        assert r.status_code == 404 and r.json() == {"error": "no such endpoint"}
+        r = httpx.delete(base + action, timeout=10)
+        assert r.status_code == 405 and "not allowed" in r.json()["error"]
+        assert get(base, "/no/such/page").status_code == 404
+    assert dump_keyspace(raw) == before
+
+
 def test_api_unknown_names_are_404_json(filled: felix_redis.Client, redis_url: str) -> None:
     with serving(redis_url) as base:
         for path in (f"/api/streams/{T}/{N}/nope", f"{API}/groups/nope", f"{API}/groups/nope/dead-letters",
@@ -256,6 +285,9 @@ def test_non_loopback_needs_a_token() -> None:
     check_bind("127.0.0.1", None)
     check_bind("::1", None)
     check_bind("0.0.0.0", TOKEN)
+    for bad in ("", "two words", "t\u00f6ken"):
+        with pytest.raises(InvalidArgument, match="printable ASCII"):
+            check_bind("127.0.0.1", bad)
     r = CliRunner().invoke(cli, ["dashboard", "--host", "0.0.0.0", "--port", str(free_port())])
     assert r.exit_code == 2 and "--token" in r.output
 
@@ -277,6 +309,9 @@ def test_token_guards_every_request(filled: felix_redis.Client, raw: redis.Redis
         # the sign-in form sets a session cookie that is not the token
         bad = httpx.post(base + "/login", data={"token": "nope", "next": "/"}, timeout=10)
         assert bad.status_code == 403 and "set-cookie" not in bad.headers
+        huge = httpx.post(base + "/login", content=b"token=" + b"x" * (4 << 20), timeout=30,
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert huge.status_code == 400 and "set-cookie" not in huge.headers
         with httpx.Client(base_url=base, timeout=10) as browser:
             r = browser.post("/login", data={"token": TOKEN, "next": f"/streams/{T}/{N}/{S}"})
             assert r.status_code == 303 and r.headers["location"] == f"/streams/{T}/{N}/{S}"
@@ -312,6 +347,9 @@ def test_read_only_refuses_actions_and_hides_the_buttons(
         for verb in ("redrive", "discard"):
             r = post(base, f"{API}/groups/{G}/{verb}", {"all": True})
             assert r.status_code == 403 and "read-only" in r.json()["error"]
+            # every POST, whatever it names
+            r = post(base, f"{API}/groups/no%20such/{verb}", {"all": True})
+            assert r.status_code == 403 and "read-only" in r.json()["error"]
         page = get(base, f"/streams/{T}/{N}/{S}/groups/{G}/dead-letters").text
         assert "data-verb" not in page and "Read-only dashboard" in page
     after = dump_keyspace(raw)
@@ -344,6 +382,12 @@ def test_a_consume_only_user_sees_no_redrive_and_cannot_act(
             r = post(base, f"{API}/groups/{G}/{verb}", {"records": ["0:0"]})
             assert r.status_code == 403
         assert PW not in page.text and PW not in r.text
+        # a page of a stream the user may not read: refused, and nothing else breaks
+        filled.stream_create(T, N, "secret")
+        assert get(base, f"/streams/{T}/{N}/secret").status_code == 403
+        assert get(base, f"/api/streams/{T}/{N}/secret").status_code == 403
+        assert get(base, f"{API}/groups/{G}").status_code == 200
+        assert get(base, f"/streams/{T}/{N}/{S}/groups/{G}/dead-letters").status_code == 200
     assert filled.group_describe(*A, G).dead == 2
 
 
@@ -385,6 +429,7 @@ def test_redis_down_is_said_in_place_and_the_dashboard_recovers() -> None:
             server.stop(cleanup=False)  # Redis goes away under the running dashboard
             r = get(base, f"{API}/groups/{G}")
             assert r.status_code == 503 and "error" in r.json()
+            assert get(base, "/healthz").status_code == 503
             page = get(base, f"/streams/{T}/{N}/{S}/groups/{G}")
             assert page.status_code == 503 and "Redis is unreachable" in page.text
             overview = get(base, "/")

@@ -27,6 +27,7 @@ import hmac
 import ipaddress
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timezone
@@ -52,8 +53,10 @@ COOKIE = "felix_dashboard"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 #: The default age (seconds) past which the oldest unfinished record is flagged.
 DEFAULT_WARN_S = 300.0
-#: Largest JSON body an action takes.
+#: Largest JSON body an action takes, and largest sign-in form.
 MAX_BODY = 1 << 20
+MAX_FORM = 8192
+DIGITS = re.compile(r"[0-9]+")
 
 
 def is_loopback(host: str) -> bool:
@@ -71,9 +74,18 @@ def check_bind(host: str, token: str | None) -> None:
         raise InvalidArgument(
             f"--host {host} is not a loopback address: give --token (every request must then carry it), or bind "
             "to 127.0.0.1 and reach the dashboard through an SSH tunnel or a reverse proxy")
-    if token is not None and (not token or not token.isprintable() or any(c.isspace() for c in token)):
-        raise InvalidArgument("--token must be printable characters without spaces (e.g. the output of "
+    if token is not None and (not token.isascii() or not token.isprintable() or not token
+                              or any(c.isspace() for c in token)):
+        raise InvalidArgument("--token must be printable ASCII characters without spaces (e.g. the output of "
                               "python -c 'import secrets; print(secrets.token_urlsafe())')")
+
+
+class Json(JSONResponse):
+    """JSON whose strings from Redis may hold surrogates (bytes that are not UTF-8,
+    decoded with surrogateescape): written as \\uXXXX escapes, never a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
 class ApiError(Exception):
@@ -196,7 +208,8 @@ class Dashboard:
         fragment = request.headers.get("x-felix-fragment") == "1"
         html = self.env.get_template(template).render(
             request=request, fragment=fragment, interval=self.board.interval, **context)
-        return HTMLResponse(html, status, headers=SECURITY_HEADERS)
+        # a key or header decoded with surrogateescape (not UTF-8) shows as \\udcff, not a 500
+        return HTMLResponse(html.encode("utf-8", "backslashreplace"), status, headers=SECURITY_HEADERS)
 
 
 SECURITY_HEADERS = {
@@ -230,7 +243,7 @@ def _int_param(request: Request, name: str, default: int | None, low: int = 0) -
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    if not text.isdigit() or int(text) < low or len(text) > 19:
+    if not DIGITS.fullmatch(text) or len(text) > 19 or int(text) < low:
         raise ApiError(400, f"query parameter {name} must be a whole number >= {low}, got {text[:40]!r}")
     return int(text)
 
@@ -248,17 +261,28 @@ def _warn_s(request: Request) -> float:
     return value
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (400) past ``limit`` bytes without reading the rest."""
+    declared = request.headers.get("content-length", "")
+    if DIGITS.fullmatch(declared) and int(declared) > limit:
+        raise ApiError(400, f"the body is larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(400, f"the body is larger than {limit} bytes")
+    return bytes(body)
+
+
 async def _action_body(request: Request) -> list[tuple[int, int]] | None:
     """The (shard, offset)s a redrive/discard body names, or None for ``{"all": true}``."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise ApiError(400, "actions take a JSON body with Content-Type: application/json")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(400, f"the body is larger than {MAX_BODY} bytes")
+    raw = await read_body(request, MAX_BODY)
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "the body is not valid JSON") from None
     if not isinstance(body, dict) or set(body) - {"records", "all"}:
         raise ApiError(400, 'the body must be {"records": ["SHARD:OFFSET", ...]} or {"all": true}')
@@ -289,9 +313,9 @@ def build(dash: Dashboard) -> Starlette:
     def api(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                return JSONResponse(await handler(request), headers={"Cache-Control": "no-store"})
+                return Json(await handler(request), headers={"Cache-Control": "no-store"})
             except (FelixError, OSError, ApiError) as exc:
-                return JSONResponse({"error": error_text(exc)}, status_of(exc), headers={"Cache-Control": "no-store"})
+                return Json({"error": error_text(exc)}, status_of(exc), headers={"Cache-Control": "no-store"})
         return endpoint
 
     def html(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -347,9 +371,9 @@ def build(dash: Dashboard) -> Starlette:
         done = {"redrive": "redriven", "discard": "discarded"}[verb]
 
         async def act(request: Request) -> Any:
-            where, group = _where(request), _group(request)
             if dash.read_only:
                 raise ApiError(403, "this dashboard is read-only (--read-only)")
+            where, group = _where(request), _group(request)
             claims = await _action_body(request)
             return {done: await board.settle(where, group, verb, claims)}
         return act
@@ -424,7 +448,10 @@ def build(dash: Dashboard) -> Starlette:
     async def login(request: Request) -> Response:
         if request.method == "GET":
             return dash.page(request, "login.html", 200, next=_safe_next(request.query_params.get("next")))
-        raw = (await request.body())[:8192].decode("utf-8", "replace")
+        try:
+            raw = (await read_body(request, MAX_FORM)).decode("utf-8", "replace")
+        except ApiError:
+            return dash.page(request, "login.html", 400, next="/", failed=True)
         form = parse_qs(raw, keep_blank_values=True)  # the sign-in form only (no python-multipart needed)
         given = (form.get("token") or [""])[0]
         target = _safe_next((form.get("next") or ["/"])[0])
@@ -468,7 +495,14 @@ def build(dash: Dashboard) -> Starlette:
             if dash.close_client:
                 await board.client.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def not_routed(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        text = "no such endpoint" if code == 404 else f"method {request.method} not allowed here"
+        if request.url.path.startswith("/api/"):
+            return Json({"error": text}, code)
+        return dash.page(request, "error.html", code, error=text, code=code)
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_routed, 405: not_routed})
     app.add_middleware(Guard, dash=dash)
     return app
 

@@ -13,8 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from felix_redis.asyncio import AsyncClient
-from felix_redis.errors import FelixError, NotFound, PermissionDenied
+from felix_redis.errors import ConnectionFailed, FelixError, NotFound, PermissionDenied
 from felix_redis.models import DeadLetter, GroupInfo, Record, StreamInfo
 
 log = logging.getLogger("felix_redis.dashboard")
@@ -289,4 +292,7 @@ class Board:
 
     async def probe(self) -> Any:
         """PING through the client's connection (the health endpoint)."""
-        return await self.client.redis.ping()
+        try:
+            return await self.client.redis.ping()
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise ConnectionFailed(f"cannot reach Redis: {exc}") from None
