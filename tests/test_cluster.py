@@ -274,6 +274,40 @@ def test_describe_across_nodes(client: felix_redis.Client) -> None:
     assert sum(s.lag for s in described.shards) == sum(range(1, SHARDS + 1))
 
 
+def test_the_dashboards_reads_across_nodes(client: felix_redis.Client, cluster: ClusterTopology) -> None:
+    """stream_overview, group_dead_letters_all, read_at and group_consumers over shards on
+    different nodes (the Batch runs one call per shard there), sync and asyncio."""
+    stream = _stream(client)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(SHARDS):
+        client.publish(T, N, stream, f"p{shard}", shard=shard)
+    assert len({_port_of(client, stream, s) for s in range(SHARDS)}) > 1
+    for shard in range(SHARDS):
+        (rec,) = client.group_poll_as(T, N, stream, shard, "workers", f"c{shard % 2}", max_records=1)
+        if shard % 2:
+            client.group_dead_letter(T, N, stream, shard, "workers", rec.claim, reason=f"bad {shard}")
+    info, groups = client.stream_overview(T, N, stream)
+    assert info.tails == [1] * SHARDS and info.nodes is not None
+    described = groups["workers"]
+    assert isinstance(described, felix_redis.GroupInfo)
+    assert described.dead == SHARDS // 2 and described.in_flight == SHARDS - SHARDS // 2
+    dead = client.group_dead_letters_all(T, N, stream, "workers")
+    assert [d.shard for d in dead] == [s for s in range(SHARDS) if s % 2]
+    found = client.read_at(T, N, stream, [(d.shard, d.offset) for d in dead])
+    assert [r.payload for r in found if r] == [f"p{s}".encode() for s in range(SHARDS) if s % 2]
+    assert client.group_consumers(T, N, stream, "workers") == {"c0": [f"{s}:0" for s in range(0, SHARDS, 2)]}
+
+    async def from_asyncio() -> None:
+        ac = felix_async.connect(cluster.url)
+        try:
+            _info, again = await ac.stream_overview(T, N, stream)
+            assert isinstance(again["workers"], felix_redis.GroupInfo) and again["workers"].dead == SHARDS // 2
+            assert len(await ac.group_dead_letters_all(T, N, stream, "workers")) == SHARDS // 2
+        finally:
+            await ac.close()
+    asyncio.run(from_asyncio())
+
+
 def test_wrapping_a_redis_cluster_client(cluster: ClusterTopology) -> None:
     raw = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
     client = felix_redis.Client(raw)
