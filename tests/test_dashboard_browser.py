@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import pytest
 import redis
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 import felix_redis
 from tests.support.dashboard import serving
@@ -28,7 +30,7 @@ T_ = TypeVar("T_")
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser() -> Iterator[WebDriver]:
     if not (CHROMIUM and DRIVER):
         if os.environ.get("CI"):
             pytest.fail("CI needs Debian's chromium and chromium-driver (.ci/run installs them)")
@@ -70,16 +72,18 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> Non
         time.sleep(0.1)
 
 
-def test_follow_a_group_see_a_dead_letter_appear_and_redrive_it(
-    browser: object, raw: redis.Redis, redis_url: str
-) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.remote.webdriver import WebDriver
-
-    assert isinstance(browser, WebDriver)
+def checkout(redis_url: str, shards: int) -> felix_redis.Client:
+    """A client on the (flushed) test Redis with the stream and group the tests show."""
     c = felix_redis.connect(redis_url)
-    c.stream_create(*A, shards=4)
+    c.stream_create(*A, shards=shards)
     c.group_create(*A, G)
+    return c
+
+
+def test_follow_a_group_see_a_dead_letter_appear_and_redrive_it(
+    browser: WebDriver, raw: redis.Redis, redis_url: str
+) -> None:
+    c = checkout(redis_url, 4)
     c.stream_create(T, N, "emails")
     c.group_create(T, N, "emails", "senders")
     for i in range(40):
@@ -145,15 +149,9 @@ def test_follow_a_group_see_a_dead_letter_appear_and_redrive_it(
 
 
 def test_usable_on_a_phone_and_readable_without_javascript(
-    browser: object, raw: redis.Redis, redis_url: str
+    browser: WebDriver, raw: redis.Redis, redis_url: str
 ) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.remote.webdriver import WebDriver
-
-    assert isinstance(browser, WebDriver)
-    c = felix_redis.connect(redis_url)
-    c.stream_create(*A, shards=2)
-    c.group_create(*A, G)
+    c = checkout(redis_url, 2)
     c.publish(*A, b"x" * 300)
     with serving(redis_url) as base:
         browser.set_window_size(390, 844)  # a phone

@@ -47,7 +47,7 @@ from felix_redis.asyncio import AsyncClient
 from felix_redis.dashboard.board import SERIES, Board, Where, error_text, preview
 from felix_redis.errors import ConnectionFailed, FelixError, InvalidArgument, NotFound, PermissionDenied
 from felix_redis.keys import check_name
-from felix_redis.models import GroupInfo, Record, StreamInfo, parse_claim
+from felix_redis.models import DeadLetter, GroupInfo, Record, StreamInfo, parse_claim
 
 COOKIE = "felix_dashboard"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -350,10 +350,16 @@ def build(dash: Dashboard) -> Starlette:
     async def api_group(request: Request) -> Any:
         return _group_json(await board.group(_where(request), _group(request)))
 
-    async def api_dead(request: Request) -> Any:
+    async def dead_letters(request: Request) -> tuple[Where, str, str | None, list[tuple[DeadLetter, Record | None]],
+                                                       int]:
+        """The path's stream and group, the reason filter, the dead letters and their count."""
         where, group = _where(request), _group(request)
         reason = request.query_params.get("reason") or None
         letters, total = await board.dead_letters(where, group, reason=reason)
+        return where, group, reason, letters, total
+
+    async def api_dead(request: Request) -> Any:
+        *_, letters, total = await dead_letters(request)
         out = []
         for d, record in letters:
             doc: dict[str, Any] = {"shard": d.shard, "offset": d.offset, "record": d.claim, "attempts": d.attempts,
@@ -425,13 +431,8 @@ def build(dash: Dashboard) -> Starlette:
                          consumers=consumers, manage=manage and not dash.read_only, warn_s=_warn_s(request))
 
     async def dead_page(request: Request) -> Response:
-        where, group = _where(request), _group(request)
-        reason = request.query_params.get("reason") or None
-        letters, total = await board.dead_letters(where, group, reason=reason)
-        rows = []
-        for d, record in letters:
-            shown = preview(record.payload) if record is not None else None
-            rows.append((d, record, shown))
+        where, group, reason, letters, total = await dead_letters(request)
+        rows = [(d, record, None if record is None else preview(record.payload)) for d, record in letters]
         manage = await board.may_manage(where, group) and not dash.read_only
         reasons = sorted({d.reason for d, _ in letters})
         return dash.page(request, "dead.html", where=where, group=group, rows=rows, total=total, reason=reason,
