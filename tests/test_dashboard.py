@@ -465,3 +465,33 @@ def test_felixctl_dashboard_serves_until_sigterm(filled: felix_redis.Client, red
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert TOKEN.encode() not in out + err and b"token required" in err
+
+
+def test_slow_sweeps_stretch_the_sampling_interval(redis_url: str) -> None:
+    """Sampling keeps to a tenth of the time: a sweep that takes 0.3 s with a 1 s
+    interval is followed by 2.7 s of waiting, not 0.7 s."""
+    import asyncio
+
+    import felix_redis.asyncio as felix_async
+    from felix_redis.dashboard.board import Board, Snapshot
+
+    async def run() -> list[float]:
+        client = felix_async.connect(redis_url)
+        board = Board(client, interval=1.0)
+        starts: list[float] = []
+
+        async def slow_sweep() -> Snapshot:
+            starts.append(time.monotonic())
+            await asyncio.sleep(0.3)
+            board.snapshot = Snapshot(time.time(), [])
+            return board.snapshot
+        board.sweep = slow_sweep  # type: ignore[method-assign]
+        sampler = asyncio.ensure_future(board.sample_forever())
+        await asyncio.sleep(3.9)
+        sampler.cancel()
+        await client.close()
+        return starts
+
+    starts = asyncio.run(run())
+    assert len(starts) == 2, starts
+    assert 2.9 <= starts[1] - starts[0] < 3.5
