@@ -213,6 +213,7 @@ class BatchRun:
         """Records the replies; returns the names of the scripts to load first."""
         again, load = [], set()
         pause: float | None = None  # this round's, taken when the first call was refused
+        functions = self.runner.functions  # FCALL this round: a refusal of it is sent again as EVALSHA
         for i, reply in zip(self.todo, replies, strict=True):
             op = self.op.ops[i]
             if isinstance(op, Cmd):
@@ -220,8 +221,8 @@ class BatchRun:
             elif self.runner.missing(reply):
                 again.append(i)
                 load.add(op.script)
-            elif self.runner.switch_to_evalsha(reply):
-                again.append(i)
+            elif self.runner.switch_to_evalsha(reply) or (functions and self.runner.refused_fcall(reply)):
+                again.append(i)  # the first refusal switched the client; the others of the round go again too
             else:
                 result = translate(reply, self.op.ops[i], self.url) if isinstance(reply, Exception) else reply
                 if isinstance(result, ConnectionFailed) and result.unsent and not result.final:

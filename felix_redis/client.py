@@ -499,7 +499,7 @@ class Client:
     ) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
         """``stream_describe`` and every group's ``group_describe`` at once, in two round
         trips whatever the shard and group counts (one pipeline after shard 0's info; on
-        Redis Cluster one call per node). A group whose describe failed maps to its
+        Redis Cluster the calls go one by one to their nodes). A group whose describe failed maps to its
         error, the others still show (the dashboard's overview)."""
         info, groups = self._drive(self.core.stream_overview(tenant, namespace, stream))
         return (with_nodes(info, self.redis) if self._cluster else info), groups

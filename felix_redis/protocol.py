@@ -1176,13 +1176,26 @@ class Core:
         owner_at = GROUP_ROLES.index("owner")
         out: dict[str, list[str]] = {}
         keys = [name.group_key_list(shard, group)[owner_at] for shard in range(settings.shards)]
-        replies = yield from self.read_all([Cmd("HGETALL", key, key=key) for key in keys])
-        for shard, reply in enumerate(replies):
+        group_key = name.group_key_list(0, group)[0]
+        contexts = [f"group {group} on stream {name.path} shard {shard}" for shard in range(settings.shards)]
+        replies = yield from self.read_all([
+            Cmd("EXISTS", group_key, key=group_key, context=contexts[0]),
+            *(Cmd("HGETALL", key, key=key, context=context) for key, context in zip(keys, contexts, strict=True))])
+        if isinstance(replies[0], FelixError):
+            raise replies[0]
+        if not int(replies[0]):
+            raise NotFound(f"{contexts[0]}: the group does not exist")
+        for shard, reply in enumerate(replies[1:]):
             if isinstance(reply, FelixError):
                 raise reply
             pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=True))
-            for offset, consumer in sorted(pairs, key=lambda p: int(p[0])):
-                out.setdefault(as_text(consumer), []).append(f"{shard}:{as_text(offset)}")
+            try:
+                owned = sorted((int(offset), as_text(consumer)) for offset, consumer in pairs)
+            except ValueError:
+                raise FelixError(f"{contexts[shard]}: the owner hash holds a field that is not an offset; another "
+                                 "application wrote it") from None
+            for offset, consumer in owned:
+                out.setdefault(consumer, []).append(f"{shard}:{offset}")
         return dict(sorted(out.items()))
 
     def group_dead_letters_all(self, tenant: str, namespace: str, stream: str, group: str) -> Plan[list[DeadLetter]]:

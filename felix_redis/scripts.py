@@ -282,16 +282,21 @@ class Runner:
         if not self.functions or not isinstance(error, ResponseError):
             return False
         text = str(error).lower()
-        if isinstance(error, NoPermissionError) and "function" in text:
+        if isinstance(error, NoPermissionError) and "'function|load'" in text:
             raise NotInstalled(
                 f"the felix-redis function library {self.library.name} is not installed on this server, and this "
                 "Redis user may not install it: an administrator runs `felixctl install` (or "
                 "client.load_library()) once per server and after every upgrade (docs/security.md)")
-        # only a refusal of FCALL itself: a refused key ("access one of the keys") or a
-        # script's own role check (NOPERM ... lacks the ... role) says nothing about FCALL,
-        # and switching then would leave a role user (no EVALSHA) refused for good
-        if (isinstance(error, NoPermissionError) and "'fcall'" in text) or "unknown command" in text \
-                or "unknown subcommand" in text:
+        # only a refusal of FCALL itself: a refused key ("access one of the keys") says
+        # nothing about FCALL, and switching then would leave a role user (no EVALSHA)
+        # refused for good
+        if self.refused_fcall(error) or "unknown command" in text or "unknown subcommand" in text:
             self.functions = False
             return True
         return False
+
+    @staticmethod
+    def refused_fcall(error: Any) -> bool:
+        """Whether ``error`` is ACL refusing FCALL itself (Redis and Valkey name the
+        command in quotes; a user name in Valkey's text cannot fake the quotes)."""
+        return isinstance(error, NoPermissionError) and "'fcall'" in str(error).lower()

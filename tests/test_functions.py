@@ -230,3 +230,27 @@ def test_other_libraries_reads_resp2_and_resp3_listings() -> None:
     assert scripts.other_libraries(resp2, current) == OLD
     assert scripts.other_libraries(resp3, current) == [OLD[1]]
     assert scripts.other_libraries([], current) == [] and scripts.other_libraries(None, current) == []
+
+
+@pytest.mark.parametrize("user", ["plainuser", "functionuser"])
+def test_a_user_refused_fcall_gets_evalsha_whatever_its_name(
+    setup: felix_redis.Client, raw: redis.Redis, redis_url: str, user: str
+) -> None:
+    """ACL refusing FCALL turns the client to EVALSHA, also for a user whose name says
+    "function" (Valkey names the user in its refusal; that once read as a refused
+    FUNCTION LOAD), and every call of the pipeline that met the refusal goes again."""
+    from felix_redis.plans import Batch, Eval
+
+    setup.load_library()
+    raw.execute_command("ACL", "SETUSER", user, "on", ">pw-f", "~*", "+@all", "-fcall")
+    try:
+        c = felix_redis.connect(redis_url.replace("redis://", f"redis://{user}:pw-f@", 1))
+        name = c.core.cache.laid(c.core.cache.name(T, N, S), 2)
+        # the first call of this client is a pipeline of two: both are refused FCALL
+        replies = c._execute(Batch([Eval("stream_info", name.info_keys(s), [], f"shard {s}") for s in range(2)]))
+        assert all(isinstance(r, list) for r in replies), replies
+        assert not c._runner.functions
+        assert c.group_describe(T, N, S, G).pending == 0
+        c.close()
+    finally:
+        raw.execute_command("ACL", "DELUSER", user)

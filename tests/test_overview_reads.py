@@ -96,6 +96,8 @@ def test_group_consumers_lists_named_leases(filled: felix_redis.Client) -> None:
     assert filled.group_consumers(*A, G)["alice"] == ["0:1", "3:0"]
     with pytest.raises(NotFound):
         filled.group_consumers(T, N, "nope", G)
+    with pytest.raises(NotFound, match="group nope"):
+        filled.group_consumers(*A, "nope")
 
 
 def test_dead_letters_all_and_read_at(filled: felix_redis.Client) -> None:
