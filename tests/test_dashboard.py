@@ -495,3 +495,26 @@ def test_slow_sweeps_stretch_the_sampling_interval(redis_url: str) -> None:
     starts = asyncio.run(run())
     assert len(starts) == 2, starts
     assert 2.9 <= starts[1] - starts[0] < 3.5
+
+
+def test_a_tenant_admin_sees_its_tenants_streams(filled: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    """A stream.admin user may read its tenant's registry, not the list of tenants: the
+    dashboard lists the tenant it was given (felixctl's --tenant)."""
+    filled.stream_create("beta", N, "theirs")
+    user = f"dashadmin{os.getpid()}x{next(_users)}"
+    for i, stream in enumerate((S, "other")):
+        acl.grant(raw, acl.setuser_args(user, acl.rules("stream.admin", T, N, stream),
+                                        password=PW if i == 0 else None))
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:{PW}@", 1)
+        with serving(url, tenant=T) as base:
+            listed = get(base, "/api/streams").json()
+            assert sorted(d["stream"] for d in listed) == ["jobs", "other"]
+            assert "theirs" not in get(base, "/").text
+        with serving(url, tenant="beta") as base:  # a tenant it holds nothing in
+            r = get(base, "/api/streams")
+            assert r.status_code == 403 and "error" in r.json()
+            page = get(base, "/")
+            assert page.status_code == 200 and "Cannot list the streams" in page.text
+    finally:
+        raw.execute_command("ACL", "DELUSER", user)
