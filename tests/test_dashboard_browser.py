@@ -98,8 +98,9 @@ def test_follow_a_group_see_a_dead_letter_appear_and_redrive_it(
             return steady(lambda: str(browser.find_element(By.ID, element_id).text))
 
         row = f'tr[data-group="{T}/{N}/{S}/{G}"]'
-        assert " 39 39 5 " in steady(lambda: browser.find_element(By.CSS_SELECTOR, row).text)  # lag, unfinished,
-        # in flight; follow the group
+        # the columns after the age: unfinished, dead, in flight, owed, scheduled, lag
+        assert " 39 0 5 0 0 39" in steady(lambda: browser.find_element(By.CSS_SELECTOR, row).text)
+        # follow the group
         steady(lambda: browser.find_element(By.CSS_SELECTOR, row).find_element(By.LINK_TEXT, G).click())
         wait_for("the group page", lambda: bool(browser.find_elements(By.ID, "dead")))
         assert (text("dead"), text("in-flight"), text("lag")) == ("0", "5", "39")
