@@ -15,8 +15,9 @@ from pathlib import Path
 from shutil import which as shutil_which
 
 import pytest
+import redis
 
-from felix_redis.testing.server import redis_server_binary
+from felix_redis.testing.server import RedisServer, redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 FELIX = ["felix", "felix-async", "felix-sharded", "felix-readme", "felix-worker", "felix-async-worker"]
@@ -219,6 +220,23 @@ def test_scale_figures_run_end_to_end() -> None:
                    "raw_poll_ack_usec_with_pending", "poll_cost_ratio_dead_only", "poll_cost_ratio_in_flight_only",
                    "poll_cost_ratio_in_flight_few", "poll_cost_ratio_in_flight_over_few"):
         assert data[figure] > 0, figure
+
+
+def test_shard_count_figures_run_end_to_end() -> None:
+    """bench/shards.py with tiny numbers: the counts (not the timings) are exact: today
+    an empty poll of a 4-shard group is one script call per shard."""
+    sys.path.insert(0, str(ROOT))
+    from bench import shards
+
+    with RedisServer() as server:
+        raw = redis.Redis.from_url(server.url)
+        raw.config_resetstat()
+        row = shards.measure(4, 400, 2, 2.5, server.url, raw)  # past one 2 s wait of each poller
+        raw.close()
+    assert (row["shards"], row["jobs"]) == (4, 400)
+    assert row["script_calls_per_empty_poll"] == 4.0
+    assert row["drain_jobs_per_s"] > 0 and row["commands_per_job"] > 0
+    assert row["idle_script_calls_per_s_per_poller"] > 0
 
 
 def test_round_trip_figures_run_end_to_end() -> None:
