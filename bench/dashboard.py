@@ -19,7 +19,6 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -33,6 +32,7 @@ import httpx
 import uvicorn
 
 import felix_redis
+from bench.report import emit
 from felix_redis.asyncio import AsyncClient
 from felix_redis.dashboard import create_app
 from felix_redis.testing.server import RedisServer, free_port
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out: dict[str, Any] = {"streams": args.streams, "groups": args.groups, "shards": args.shards}
     with RedisServer() as redis_server:
@@ -129,10 +129,7 @@ def main() -> None:
         out["round_trips_note"] = (f"narrow: {args.shards} shards, wide: {4 * args.shards} shards; the "
                                    "dead-letters page reads the listed records in the same kind of pipeline")
         client.close()
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_redis
+from bench.report import emit
 from felix_redis.testing.server import RedisServer
 
 T, N, G = "bench", "shards", "workers"
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=16_000)
     parser.add_argument("--pollers", type=int, default=10)
     parser.add_argument("--idle-s", type=float, default=6.0)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
     with RedisServer() as server:
@@ -112,11 +113,7 @@ def main() -> None:
             raw.config_resetstat()
             rows.append(measure(k, args.records, args.pollers, args.idle_s, server.url, raw))
             print(json.dumps(rows[-1]), file=sys.stderr)
-    doc = {"records": args.records, "pollers": args.pollers, "idle_s": args.idle_s, "rows": rows}
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit({"records": args.records, "pollers": args.pollers, "idle_s": args.idle_s, "rows": rows}, args.out)
 
 
 if __name__ == "__main__":
