@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -187,12 +187,23 @@ class BatchRun:
     did not run because the server lacks the library or script are sent again once it
     is loaded; calls refused FCALL are sent again as EVALSHA (see :class:`scripts.Runner`);
     calls a failover or restart refused (READONLY, LOADING, ...: they did not run) are
-    sent again after :attr:`pause`, for ``retry_for`` seconds, as a single call would be."""
+    sent again after :attr:`pause`, for ``retry_for`` seconds, as a single call would be.
 
-    def __init__(self, op: Batch, runner: scripts.Runner, url: str, retry_for: float = 0.0) -> None:
+    ``redirects`` (Redis Cluster, one node's calls): a call answered MOVED or ASK did not
+    run there; it is left out of :attr:`results` and its index put in :attr:`redirected`,
+    for the driver to send on its own once the slot map is read again."""
+
+    def __init__(self, op: Batch, runner: scripts.Runner, url: str, retry_for: float = 0.0,
+                 redirects: bool = False) -> None:
         self.op, self.runner, self.url = op, runner, url
         self.results: list[Any] = [None] * len(op.ops)
         self.todo: list[int] = list(range(len(op.ops)))
+        self.redirects = redirects
+        #: the calls answered MOVED or ASK (with ``redirects``), in order
+        self.redirected: list[int] = []
+        #: set by a driver whose run stopped on a lost connection (or a slot moved):
+        #: the slot map is to be read again
+        self.failed = False
         self.rounds = 0
         #: seconds the driver waits before sending the next round (refused calls)
         self.pause = 0.0
@@ -216,7 +227,9 @@ class BatchRun:
         functions = self.runner.functions  # FCALL this round: a refusal of it is sent again as EVALSHA
         for i, reply in zip(self.todo, replies, strict=True):
             op = self.op.ops[i]
-            if isinstance(op, Cmd):
+            if self.redirects and isinstance(reply, AskError):  # (MovedError is one too)
+                self.redirected.append(i)
+            elif isinstance(op, Cmd):
                 self.results[i] = translate(reply, op, self.url) if isinstance(reply, Exception) else reply
             elif self.runner.missing(reply):
                 again.append(i)
@@ -234,6 +247,36 @@ class BatchRun:
         self.pause = pause or 0.0
         self.todo = again
         return load
+
+
+def by_node(op: Batch, node_of: Callable[[str], Any]) -> tuple[list[int], list[tuple[Any, list[int]]]]:
+    """Redis Cluster: the calls of ``op`` (by index) to send one by one, and those to
+    send as one pipeline per node, with the node (``node_of(key)``: the node serving the
+    key's slot) they go to. A call alone goes by itself: one with no key to route it (a
+    Cmd with ``key`` None), one that waits for replicas (WAIT must go out on the
+    connection of its write), one whose node is not known now (the slot map has no node
+    for its slot: sent alone, it gets the error a single call gets), and the only call
+    of its node."""
+    alone: list[int] = []
+    nodes: dict[str, tuple[Any, list[int]]] = {}
+    for i, e in enumerate(op.ops):
+        key = e.key if isinstance(e, Cmd) else e.keys[0] if e.keys and not e.replicas else None
+        if key is None:
+            alone.append(i)
+            continue
+        try:
+            node = node_of(key)
+        except (RedisClusterException, ClusterError):
+            alone.append(i)
+            continue
+        nodes.setdefault(node.name, (node, []))[1].append(i)
+    many = []
+    for node, indices in nodes.values():
+        if len(indices) == 1:
+            alone += indices
+        else:
+            many.append((node, indices))
+    return sorted(alone), many
 
 
 def outcome(run: Any, op: Eval | Cmd) -> Any:

@@ -24,6 +24,7 @@ from felix_redis._driver import (
     Item,
     Ref,
     ShardedGroupBase,
+    by_node,
     check_raw_client,
     describe_server,
     max_block_ms,
@@ -32,7 +33,7 @@ from felix_redis._driver import (
     with_nodes,
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
-from felix_redis.connection import async_client, default_retry_for, resolve_url
+from felix_redis.connection import async_client, default_retry_for, resolve_url, watch_connects
 from felix_redis.constants import ACK_LINGER_S, QUEUED_ACKS_MAX
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
@@ -42,6 +43,7 @@ from felix_redis.lane import (
     async_borrow,
     async_ensure_connected,
     async_node_call,
+    async_node_call_many,
     async_pool_call,
     lane_pool,
     read_reply,
@@ -115,6 +117,8 @@ class AsyncClient(_AwaitsToItself):
         self._cluster = hasattr(redis_client, "get_node_from_key")
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
+        self.core.cluster = self._cluster
+        watch_connects(redis_client, self._connected)
         self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         self._pool = lane_pool(redis_client)  # as Client._pool
@@ -172,6 +176,10 @@ class AsyncClient(_AwaitsToItself):
             # a plan left behind (an error, a cancelled task) runs its cleanup now
             plan.close()
 
+    def _connected(self, _conn: Any) -> None:
+        """As :meth:`felix_redis.Client._connected`."""
+        self.core.epoch += 1
+
     async def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
         retrying = None
@@ -179,10 +187,11 @@ class AsyncClient(_AwaitsToItself):
             try:
                 return await self._execute_once(op)
             except ConnectionFailed as exc:
+                self.core.epoch += 1
                 retrying = retrying or Retrying(op, self.core.retry_for)
                 await asyncio.sleep(retrying.pause(exc))
                 if type(op) is BlockAny:
-                    return None
+                    return BlockAny.FAILED
 
     async def _execute_once(self, op: Op) -> Any:
         try:
@@ -257,20 +266,26 @@ class AsyncClient(_AwaitsToItself):
             if not self._runner.switch_to_evalsha(exc):
                 raise
 
+    async def _outcome(self, op: Eval | Cmd) -> Any:
+        """``op``'s reply, or the FelixError it raised (as :func:`felix_redis._driver.outcome`)."""
+        try:
+            return await self._execute_once(op)
+        except FelixError as exc:
+            return exc
+
     async def _batch(self, op: Batch) -> list[Any]:
         """As :meth:`felix_redis.Client._batch`, on redis.asyncio."""
-        if self._cluster or len(op.ops) == 1 or any(type(e) is Eval and e.replicas for e in op.ops):
-            results = []
-            for e in op.ops:
-                try:
-                    results.append(await self._execute_once(e))
-                except FelixError as exc:
-                    results.append(exc)
-            return results
+        if len(op.ops) == 1:
+            return [await self._outcome(op.ops[0])]
+        if self._cluster:
+            return await self._cluster_batch(op)
+        if any(type(e) is Eval and e.replicas for e in op.ops):
+            return [await self._outcome(e) for e in op.ops]
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         lane = self._lane
         while (commands := run.commands()) is not None:
             if run.pause:
+                self.core.epoch += 1  # a call was refused: a failover or restart is under way
                 await asyncio.sleep(run.pause)
             if lane is not None and not lane.in_use:
                 lane.in_use = True  # one write on the lane, as the sync client's batches
@@ -286,6 +301,43 @@ class AsyncClient(_AwaitsToItself):
             for name in run.take(replies):
                 await self._load(name)
         return run.results
+
+    async def _cluster_batch(self, op: Batch) -> list[Any]:
+        """As :meth:`felix_redis.Client._cluster_batch`, the nodes' pipelines at once."""
+        results: list[Any] = [None] * len(op.ops)
+        alone, nodes = by_node(op, self.redis.get_node_from_key)
+        runs = await asyncio.gather(*(self._node_batch(Batch([op.ops[i] for i in indices]), node)
+                                      for node, indices in nodes))
+        refresh = False
+        for (_node, indices), run in zip(nodes, runs, strict=True):
+            for i, result in zip(indices, run.results, strict=True):
+                results[i] = result
+            alone += [indices[j] for j in run.redirected]
+            refresh = refresh or bool(run.redirected) or run.failed
+        if refresh:
+            await self._refresh_slots()  # once, after every node's pipeline is done
+        for i in sorted(alone):
+            results[i] = await self._outcome(op.ops[i])
+        return results
+
+    async def _node_batch(self, op: Batch, node: Any) -> BatchRun:
+        """As :meth:`felix_redis.Client._node_batch`, on a redis.asyncio cluster ``node``."""
+        run = BatchRun(op, self._runner, self.url, self.core.retry_for, redirects=True)
+        try:
+            while (commands := run.commands()) is not None:
+                if run.pause:
+                    self.core.epoch += 1  # a call was refused: a failover or restart is under way
+                    await asyncio.sleep(run.pause)
+                for name in run.take(await async_node_call_many(node, commands)):
+                    await self._load(name, node)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError, *UNAVAILABLE) as exc:
+            run.failed = not isinstance(exc, ResponseError) or isinstance(exc, AskError)
+            for i in run.todo:
+                run.results[i] = translate(exc, op.ops[i], self.url)
+        except FelixError as exc:  # it keeps forgetting the scripts
+            for i in run.todo:
+                run.results[i] = exc
+        return run
 
     async def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
@@ -441,7 +493,7 @@ class AsyncClient(_AwaitsToItself):
     ) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
         """``stream_describe`` and every group's ``group_describe`` at once, in two round
         trips whatever the shard and group counts (one pipeline after shard 0's info; on
-        Redis Cluster the calls go one by one to their nodes). A group whose describe failed maps to its
+        Redis Cluster one pipeline per node). A group whose describe failed maps to its
         error, the others still show (the dashboard's overview)."""
         info, groups = await self._drive(self.core.stream_overview(tenant, namespace, stream))
         return (with_nodes(info, self.redis) if self._cluster else info), groups

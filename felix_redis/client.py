@@ -30,6 +30,7 @@ from felix_redis._driver import (
     Item,
     Ref,
     ShardedGroupBase,
+    by_node,
     check_raw_client,
     describe_server,
     max_block_ms,
@@ -39,7 +40,7 @@ from felix_redis._driver import (
     with_nodes,
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
-from felix_redis.connection import default_retry_for, resolve_url, sync_client
+from felix_redis.connection import default_retry_for, resolve_url, sync_client, watch_connects
 from felix_redis.constants import ACK_LINGER_S, QUEUED_ACKS_MAX
 from felix_redis.errors import (
     ConnectionFailed,
@@ -48,7 +49,7 @@ from felix_redis.errors import (
     redact_url,
 )
 from felix_redis.keys import check_record_key, producer_public_id
-from felix_redis.lane import Lane, borrow, ensure_connected, lane_pool, pool_call, read_reply
+from felix_redis.lane import Lane, borrow, ensure_connected, lane_pool, pool_call, pool_call_many, read_reply
 from felix_redis.models import DeadLetter, GroupInfo, Published, Record, StreamInfo
 from felix_redis.protocol import (
     Batch,
@@ -192,6 +193,8 @@ class Client:
         self._cluster = hasattr(redis_client, "get_node_from_key")
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
+        self.core.cluster = self._cluster
+        watch_connects(redis_client, self._connected)
         self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         #: redis-py's pool, where script calls may borrow connections one call at a time
@@ -224,6 +227,11 @@ class Client:
             # a plan left behind (an error, a cancelled task) runs its cleanup now
             plan.close()
 
+    def _connected(self, _conn: Any) -> None:
+        """A connection of the client's pool was made or made again (a restart, a
+        failover, a server that closed it): what sharded groups know may be stale."""
+        self.core.epoch += 1
+
     def _execute(self, op: Op) -> Any:
         """Runs one op; retries it through a failover when it is safe to repeat."""
         retrying = None
@@ -231,10 +239,11 @@ class Client:
             try:
                 return self._execute_once(op)
             except ConnectionFailed as exc:
+                self.core.epoch += 1
                 retrying = retrying or Retrying(op, self.core.retry_for)
                 time.sleep(retrying.pause(exc))
                 if type(op) is BlockAny:
-                    return None
+                    return BlockAny.FAILED
 
     def _execute_once(self, op: Op) -> Any:
         try:
@@ -310,14 +319,19 @@ class Client:
                 raise
 
     def _batch(self, op: Batch) -> list[Any]:
-        """The calls in one pipeline (see :class:`BatchRun`); one by one on Cluster or
-        with WAIT."""
-        if self._cluster or len(op.ops) == 1 or any(type(e) is Eval and e.replicas for e in op.ops):
+        """The calls in one pipeline (see :class:`BatchRun`); on Redis Cluster one
+        pipeline per node (:meth:`_cluster_batch`); one by one with WAIT."""
+        if len(op.ops) == 1:
+            return [outcome(self._execute_once, op.ops[0])]
+        if self._cluster:
+            return self._cluster_batch(op)
+        if any(type(e) is Eval and e.replicas for e in op.ops):
             return [outcome(self._execute_once, e) for e in op.ops]
         run = BatchRun(op, self._runner, self.url, self.core.retry_for)
         lane = self._lane
         while (commands := run.commands()) is not None:
             if run.pause:
+                self.core.epoch += 1  # a call was refused: a failover or restart is under way
                 time.sleep(run.pause)
             replies = None
             if lane is not None and lane.lock.acquire(False):
@@ -333,6 +347,53 @@ class Client:
             for name in run.take(replies):
                 self._load(name)
         return run.results
+
+    def _cluster_batch(self, op: Batch) -> list[Any]:
+        """Redis Cluster: the calls of each node in one pipeline on that node's
+        connection (:meth:`_node_batch`), a node after the other: a round trip per node
+        rather than per call. Calls :func:`by_node` leaves alone, and those a node
+        answered MOVED or ASK (they did not run there), go one by one through
+        :meth:`_execute_once`, which follows the redirection. The replies are in the
+        calls' order, each the reply or the FelixError of its call."""
+        results: list[Any] = [None] * len(op.ops)
+        alone, nodes = by_node(op, self.redis.get_node_from_key)
+        refresh = False
+        for node, indices in nodes:
+            pool = self.redis.get_redis_connection(node).connection_pool
+            run = self._node_batch(Batch([op.ops[i] for i in indices]), pool)
+            for i, result in zip(indices, run.results, strict=True):
+                results[i] = result
+            alone += [indices[j] for j in run.redirected]
+            refresh = refresh or bool(run.redirected) or run.failed
+        if refresh:
+            self._refresh_slots()  # a node failed or slots moved: read the slot map again
+        for i in sorted(alone):
+            results[i] = outcome(self._execute_once, op.ops[i])
+        return results
+
+    def _node_batch(self, op: Batch, pool: Any) -> BatchRun:
+        """``op``'s calls (all of one Redis Cluster node) in one pipeline on a connection
+        of that node's ``pool``, as :meth:`_batch` runs a batch elsewhere: the library is
+        loaded on that node when it lacks it. The run's results hold each call's reply or
+        FelixError; those answered MOVED or ASK are in its ``redirected``, not run. A
+        lost connection (or a refused load) is every call's error that had no reply yet,
+        and sets the run's ``failed``: the caller reads the slot map again."""
+        run = BatchRun(op, self._runner, self.url, self.core.retry_for, redirects=True)
+        try:
+            while (commands := run.commands()) is not None:
+                if run.pause:
+                    self.core.epoch += 1  # a call was refused: a failover or restart is under way
+                    time.sleep(run.pause)
+                for name in run.take(pool_call_many(pool, commands)):
+                    self._load(name, pool)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError, *UNAVAILABLE) as exc:
+            run.failed = not isinstance(exc, ResponseError) or isinstance(exc, AskError)
+            for i in run.todo:
+                run.results[i] = translate(exc, op.ops[i], self.url)
+        except FelixError as exc:  # it keeps forgetting the scripts
+            for i in run.todo:
+                run.results[i] = exc
+        return run
 
     def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
@@ -499,7 +560,7 @@ class Client:
     ) -> tuple[StreamInfo, dict[str, GroupInfo | FelixError]]:
         """``stream_describe`` and every group's ``group_describe`` at once, in two round
         trips whatever the shard and group counts (one pipeline after shard 0's info; on
-        Redis Cluster the calls go one by one to their nodes). A group whose describe failed maps to its
+        Redis Cluster one pipeline per node). A group whose describe failed maps to its
         error, the others still show (the dashboard's overview)."""
         info, groups = self._drive(self.core.stream_overview(tenant, namespace, stream))
         return (with_nodes(info, self.redis) if self._cluster else info), groups

@@ -25,6 +25,7 @@ import os
 import socket
 import ssl
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -629,3 +630,43 @@ def async_client(url: str) -> Any:
         # (the asyncio pool's from_url lets the URL's scheme choose the class: set it after)
         client.connection_pool.connection_class = _tls_connection_classes()[1]
     return client
+
+
+class _ConnectWatch:
+    """Registered on each connection of a pool: calls back when a connection it saw
+    connect connects again (a first connect is no news)."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = weakref.WeakMethod(callback)
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def connected(self, conn: Any) -> None:
+        if conn not in self.seen:
+            self.seen.add(conn)
+            return
+        callback = self.callback()
+        if callback is not None:
+            callback(conn)
+
+
+def watch_connects(raw: Any, callback: Any) -> None:
+    """Has ``callback(connection)`` (a bound method: kept as a weak reference) called
+    whenever a connection of ``raw``'s pool connects again after it was connected
+    (redis-py reconnects a dropped connection without a word: a restart, a failover
+    behind Sentinel, a server that closed an idle connection). Not on Redis Cluster,
+    whose node pools are made later (there a failover shows as errors and redirects),
+    nor for clients without a pool."""
+    pool = getattr(raw, "connection_pool", None)
+    make = getattr(pool, "make_connection", None)
+    if make is None or hasattr(raw, "get_node_from_key"):
+        return
+    watch = _ConnectWatch(callback)
+
+    def make_connection(*args: Any, **kwargs: Any) -> Any:
+        conn = make(*args, **kwargs)
+        if hasattr(conn, "register_connect_callback"):
+            conn.register_connect_callback(watch.connected)
+        return conn
+
+    # (the pool holds the watch through this function: they live as long as each other)
+    setattr(pool, "make_connection", make_connection)  # noqa: B010 (pool: Any | None, checked above)

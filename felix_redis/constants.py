@@ -81,6 +81,17 @@ def env_int(name: str, default: int) -> int:
 #: records), before it blocks or returns.
 POLL_AGAIN_MAX = 64
 
+#: How many polls in a row one shard of a sharded group leads (is asked for the whole
+#: batch) while it fills them, before the next shard that may have work leads. Longer
+#: runs let more acks ride on their shard's next poll; with every shard busy, a shard
+#: waits at most this many polls times the number of other shards.
+LEAD_RUN = 4
+
+#: Seconds a sharded poll trusts that a shard has nothing to hand out (learned from
+#: its last reply, kept while no wake-up and no due time says otherwise) before it asks
+#: the shard again; at most one shard per round is asked for this reason.
+KNOWN_IDLE_S = 30.0
+
 #: Most streams one group polls in priority order, and the largest weight one may have.
 MAX_PRIORITY_STREAMS = 64
 MAX_STREAM_WEIGHT = 1000

@@ -9,7 +9,8 @@ read) go instead through one connection the client borrowed once and keeps: the 
 a time; a call that finds it in use (another thread's, or another task's) borrows a
 connection from the pool for that one call (:func:`pool_call`), so nothing ever waits
 for the lane. On Redis Cluster, where there is no lane, a call borrows a connection of
-the node serving its slot the same way.
+the node serving its slot the same way, and a batch one of each node for the calls
+that node serves, sent there as one pipeline (:func:`pool_call_many`).
 
 What the pool's checks guarded against is handled here:
 
@@ -365,6 +366,38 @@ def pool_call(pool: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         pool.release(conn)
 
 
+def pool_call_many(pool: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in one write on a connection borrowed from ``pool`` (on Redis
+    Cluster, a node's), their replies read in order, an error reply in its place: a
+    pipeline, with no transaction and none of redis-py's retries (a pipeline sent again
+    after its replies were lost would run calls that are not safe to repeat twice). One
+    attempt, as :func:`pool_call`: :class:`NotSent` when no connection could be had, else
+    a lost connection is dropped and raises."""
+    conn = borrow(pool)
+    try:
+        ensure_connected(conn)
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies = [_reply_or_error(conn) for _ in commands]
+        if any(isinstance(reply, ReadOnlyError) for reply in replies):
+            conn.disconnect()  # a replica now: the next call connects anew
+        return replies
+    except NotSent:
+        raise
+    except BaseException:
+        conn.disconnect()  # replies may still be on their way: never reuse the connection
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _reply_or_error(conn: Any) -> Any:
+    """One reply from ``conn``; an error reply is returned, not raised."""
+    try:
+        return read_reply(conn)
+    except ResponseError as exc:
+        return exc
+
+
 def borrow(pool: Any) -> Any:
     """A connection of ``pool``, connected to the current primary: one left open to a
     primary the sentinels have since replaced is dropped first (the pool hands out such
@@ -538,6 +571,33 @@ async def async_node_call(node: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         raise NotSent(exc) from None
     try:
         return await _async_call(conn, args)
+    finally:
+        node.release(conn)
+
+
+async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """As :func:`pool_call_many`, on a connection of a redis.asyncio Redis Cluster node."""
+    try:
+        conn = node.acquire_connection()
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise NotSent(exc) from None
+    try:
+        await async_ensure_connected(conn)
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await read_reply(conn))
+            except ResponseError as exc:
+                replies.append(exc)
+        if any(isinstance(reply, ReadOnlyError) for reply in replies):
+            await conn.disconnect()  # a replica now: the next call connects anew
+        return replies
+    except NotSent:
+        raise
+    except BaseException:
+        await conn.disconnect()  # replies may still be on their way (or a cancelled task)
+        raise
     finally:
         node.release(conn)
 

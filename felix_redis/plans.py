@@ -58,11 +58,17 @@ class Cmd:
 class BlockAny:
     """Block until any of ``streams`` (key, last seen ID) gets a new entry, or
     ``block_ms`` passes. One XREAD BLOCK when all keys share a slot; on Redis Cluster the
-    driver blocks on each slot at once. Plans treat the answer only as "look again", so
-    a driver may return early (it caps blocks below its socket timeout) or return None
-    after a failed block; the next poll then reports any real failure."""
+    driver blocks on each slot at once. The answer is XREAD's (None when nothing moved,
+    or the streams that did, as :func:`moved_keys` reads them; on Cluster those of the
+    slot that answered first), or :attr:`FAILED` after a failed block: the next poll
+    then reports any real failure. A driver may return early (it caps blocks below its
+    socket timeout)."""
 
     __slots__ = ("block_ms", "context", "streams")
+
+    #: what a driver answers for a block that failed (the connection was lost): the
+    #: plan cannot tell what moved while it was not looking
+    FAILED: Any = object()
 
     def __init__(self, streams: list[tuple[str, str]], block_ms: int, context: str = "") -> None:
         self.streams = streams
@@ -73,8 +79,8 @@ class BlockAny:
 class Batch:
     """Several script calls (or plain commands) in one round trip (a pipeline, no
     transaction). The reply is a list holding each call's reply, or the FelixError it
-    raised. A driver may run them one by one instead (Redis Cluster, where shards live on
-    different nodes; calls that WAIT)."""
+    raised. On Redis Cluster, where shards live on different nodes, a driver sends one
+    pipeline per node; it may run calls one by one instead (calls that WAIT)."""
 
     __slots__ = ("ops",)
 
@@ -111,6 +117,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
 })
 RETRY_SAFE_COMMANDS = frozenset({
     "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING", "HGETALL",
+    "XREAD",  # a sharded poll's look at idle shards' wake points (never blocking in a Batch)
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -173,6 +180,14 @@ class Retrying:
         if pause is None:
             raise exc
         return pause
+
+
+def moved_keys(reply: Any) -> set[str]:
+    """The keys an XREAD reply has entries for (RESP2 list or RESP3 map; None: none)."""
+    if not reply:
+        return set()
+    keys = reply.keys() if isinstance(reply, dict) else (entry[0] for entry in reply)
+    return {key.decode() if isinstance(key, bytes) else str(key) for key in keys}
 
 
 def xread_calls(op: BlockAny, keyslot: Any, max_block_ms: int) -> list[list[Any]]:

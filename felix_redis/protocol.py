@@ -185,6 +185,12 @@ class Core:
         self.retry_for = retry_for
         self.producer_idle_ms = C.env_int(C.ENV_PRODUCER_IDLE_MS, C.DEFAULT_PRODUCER_IDLE_MS)
         self.cache = Caches(prefix)
+        #: keys of different shards may not share a command (Redis Cluster; the client sets it)
+        self.cluster = False
+        #: grows by one whenever the driver met a lost connection, a failover or a restart
+        #: (it may have retried through it unseen by the plan): what a sharded group knows
+        #: of its shards from before may be stale (the server may have rolled back)
+        self.epoch = 0
         self.producers = ProducerPool()
         self.retention = Retention()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -376,7 +382,7 @@ class Core:
 
     def read_all(self, calls: Sequence[Eval | Cmd]) -> Plan[list[Any]]:
         """Replies (or the FelixError each raised) of read-only calls, in one round trip
-        (a pipeline; one by one on a Cluster's nodes). A call the connection lost is sent
+        (a pipeline; one per node on a Cluster). A call the connection lost is sent
         again on its own, so the driver retries it through a failover as a single call."""
         if not calls:
             return []
@@ -1051,7 +1057,7 @@ class Core:
             checked = self.shard_of(source.name, source.settings, shard)
             source.acks[checked] = ack_offsets(refs, checked)
         poll = ShardedPoll(self.cache, group, sources, max_records, wait_ms, consumer, reclaim, state,
-                           None if weights is None else list(weights))
+                           None if weights is None else list(weights), self.cluster, lambda: self.epoch)
         return (yield from poll.run())
 
     def ack_sharded(
@@ -1292,7 +1298,7 @@ class Core:
         check_name(group, "group")
         settings = yield from self.settings(name)
         name = self.cache.laid(name, settings)
-        # every shard in one round trip (a pipeline; one by one on a Cluster's nodes)
+        # every shard in one round trip (a pipeline; one per node on a Cluster)
         replies = yield from self.read_all(self.group_describe_calls(name, settings.shards, group))
         return self.group_info(name, group, replies)
 

@@ -1,30 +1,41 @@
 """One poll of a group across several shards, and across several streams, in plain steps
 (:class:`ShardedPoll`).
 
-A round asks every chosen shard of a stream for a quota in one round trip (pass 1),
-then asks the shards that had more, or that pass 1 left out, one at a time for what is
-still wanted (pass 2). Over several streams a round takes them in turn, each only for
-what the streams before it could not fill: in the order given (strict), or, with
-weights, led by each stream in turn for as many polls as its weight (so that with every
-stream busy the hand-outs follow the weights, none starves, and one poll's acks ride on
-the next poll of the same stream, not on a call of their own). With
-nothing handed out and time left it blocks on every shard's wake points, of every
-stream, at once, then runs another round. The rotating start keeps each stream fair
-across its shards: with every shard busy, each is first in turn.
+A group keeps, between polls, what the shards' last replies said (:class:`PollState`):
+which shards had nothing to hand out, where to watch for a wake-up on each (its log's
+tail, its wake stream's sequence) and when its next due time or lease falls due. A
+poll asks only the shards that may have work: one shard leads (is asked for the whole
+batch, with its acks) for up to ``LEAD_RUN`` polls while it fills them, then the next
+such shard in turn; when the lead cannot fill the batch, the other shards that may have
+work are asked for a quota each in one round trip, then those that had more one at a
+time. Whether an idle shard has woken is read from its wake points with one plain XREAD
+(no script) at the start of each lead's run and before a poll settles for less than it
+wanted; with nothing handed out and time left the poll blocks on every idle shard's
+wake points, of every stream, at once. So a busy shard costs one script call per
+batch, an idle one nothing but its share of that XREAD, and an idle long-poller one
+blocking read per wait period (and, every ``KNOWN_IDLE_S``, one shard asked again in
+case something changed that no wake-up reports, such as a group made again).
+
+Over several streams a round takes them in turn, each only for what the streams before
+it could not fill: in the order given (strict), or, with weights, led by each stream in
+turn for as many polls as its weight (so that with every stream busy the hand-outs
+follow the weights, none starves, and one poll's acks ride on the next poll of the same
+stream, not on a call of their own).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
-from felix_redis.constants import POLL_AGAIN_MAX
+from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
-from felix_redis.plans import Batch, BlockAny, Eval, Plan, wake_points
+from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Plan, Sleep, moved_keys, wake_points
 from felix_redis.replies import parse_delivered
 
 log = logging.getLogger("felix_redis")
@@ -33,19 +44,39 @@ log = logging.getLogger("felix_redis")
 #: what other shards leased (rather than let those leases lapse), or raises.
 LOST = (ConnectionFailed, NotReplicated)
 
+#: A shard with nothing to hand out, as its last reply said: its wake points, when (on
+#: the monotonic clock) its next due time or lease falls due (inf: none), when learned.
+Idle = tuple[list[tuple[str, str]], float, float]
+
 
 class PollState:
-    """What a group keeps from one poll to the next: per stream (by index), the shard
-    that goes first and the shards this consumer took its own in-flight records back
+    """What a group keeps from one poll to the next, per stream (by index): the shard
+    that leads (its place in the stream's shard list) and the polls its run has left,
+    the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "lead", "left", "reclaimed")
+    __slots__ = ("cursors", "epoch", "idle", "lead", "left", "reclaimed", "runs", "urgent")
 
     def __init__(self, streams: int) -> None:
-        self.cursors = [0] * streams
+        self.cursors = [-1] * streams
+        self.runs = [0] * streams
+        self.idle: list[dict[int, Idle]] = [{} for _ in range(streams)]
+        #: shards a look found moved: asked beside the next lead, not after its run
+        self.urgent: list[set[int]] = [set() for _ in range(streams)]
+        #: the client's connection epoch (Core.epoch) the idle shards were learned in
+        self.epoch = 0
         self.reclaimed: list[set[int]] = [set() for _ in range(streams)]
         self.lead = -1
         self.left = 0
+
+    def forget(self) -> None:
+        """After a failure (a lost connection, a failover, an error): nothing is known
+        idle any more, so the next poll asks every shard again."""
+        for idle in self.idle:
+            idle.clear()
+        for urgent in self.urgent:
+            urgent.clear()
+        self.runs = [0] * len(self.runs)
 
 
 class Source:
@@ -65,32 +96,57 @@ class ShardedPoll:
     """The poll of ``group`` on ``sources`` (streams, in priority order), its arguments
     checked (:meth:`felix_redis.protocol.Core.sharded_poll`). ``weights``: None for
     strict order, else one positive weight per source. ``state``: the group's
-    :class:`PollState`, updated."""
+    :class:`PollState`, updated. ``cluster``: keys of different shards may not share
+    a command (Redis Cluster)."""
 
     def __init__(
         self, cache: Caches, group: str, sources: list[Source], max_records: int, wait_ms: int,
         consumer: str | None, reclaim: bool, state: PollState, weights: list[int] | None = None,
+        cluster: bool = False, epoch: Callable[[], int] | None = None,
     ) -> None:
         self.cache, self.group, self.sources = cache, group, sources
         self.max_records, self.wait_ms = max_records, wait_ms
         self.consumer, self.reclaim, self.state, self.weights = consumer, reclaim, state, weights
+        self.cluster, self.epoch = cluster, epoch or (lambda: 0)
         paths = ", ".join(source.name.path for source in sources)
         self.context = f"group {group} on stream{'s' if len(sources) > 1 else ''} {paths}"
         # what the current round gathered: records per source (by index), how many
         self.out: list[list[Record]] = [[] for _ in sources]
         self.count = 0
+        #: per source, the shards that may have work this round
+        self.cands: list[set[int]] = [set() for _ in sources]
+        #: the wake points the round's replies gave, and the shard (source index, shard) of each key
         self.points: dict[str, str] = {}
+        self.where: dict[str, tuple[int, int]] = {}
         self.block_ms = -1
         #: a shard handed out less than asked while something there is due now
         self.due_now = False
 
     def run(self) -> Plan[list[list[Record]]]:
         """The records, per source (by index)."""
+        try:
+            return (yield from self.rounds())
+        except BaseException:
+            self.state.forget()
+            raise
+
+    def rounds(self) -> Plan[list[list[Record]]]:
         deadline = time.monotonic() + self.wait_ms / 1000
         again = 0
         while True:
             self.out, self.count = [[] for _ in self.sources], 0
-            self.points, self.block_ms = {}, -1
+            self.points, self.where, self.block_ms = {}, {}, -1
+            self.check_epoch()
+            now = time.monotonic()
+            self.cands = [self.candidates(source, now) for source in self.sources]
+            if self.wait_ms > 0 and not any(self.cands) and not any(source.acks for source in self.sources):
+                # no shard may have work, as far as wake-ups and due times say: the block
+                # itself looks (it returns at once for anything after the points)
+                left_ms = int((deadline - now) * 1000)
+                if left_ms <= 0:
+                    return self.out
+                yield from self.block(left_ms)
+                continue
             due_now = False
             order = self.order()
             for turn, source in enumerate(order):
@@ -112,31 +168,91 @@ class ShardedPoll:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return self.out
-            block_ms = left_ms if self.block_ms < 0 else min(self.block_ms, left_ms)
-            yield BlockAny(list(self.points.items()), block_ms, self.context)
+            yield from self.block(left_ms)
+
+    def check_epoch(self) -> bool:
+        """Forgets the idle shards when the client met a lost connection, a failover or
+        a restart since they were learned (the driver may have retried through it unseen:
+        the server may have rolled back below their points). True when it forgot."""
+        epoch = self.epoch()
+        if epoch == self.state.epoch:
+            return False
+        self.state.forget()
+        self.state.epoch = epoch
+        return True
+
+    def candidates(self, source: Source, now: float) -> set[int]:
+        """The shards of ``source`` that may have work: not known idle, or due by now;
+        and the one known idle longest, when that is over ``KNOWN_IDLE_S``."""
+        idle = self.state.idle[source.index]
+        if not idle:
+            return set(source.chosen)
+        out, stale, since = set(), -1, now - KNOWN_IDLE_S
+        for shard in source.chosen:
+            known = idle.get(shard)
+            if known is None:
+                out.add(shard)
+            elif known[1] <= now:
+                out.add(shard)
+                self.state.urgent[source.index].add(shard)  # its due time came
+            elif known[2] < since:
+                stale, since = shard, known[2]
+        if stale >= 0:
+            del idle[stale]
+            out.add(stale)
+        return out
+
+    def block(self, left_ms: int) -> Plan[None]:
+        """Blocks on the wake points of every shard, of every source, until the first
+        due time (or ``left_ms``); the shards whose points moved are no longer idle. Not
+        when the client met a failure during the round (the next round asks again)."""
+        if self.check_epoch():
+            return
+        points, where, block_ms = dict(self.points), dict(self.where), self.block_ms
+        asked = set(where.values())
+        now = time.monotonic()
+        for source in self.sources:
+            idle = self.state.idle[source.index]
+            for shard in source.chosen:
+                known = idle.get(shard)
+                if known is None:
+                    if (source.index, shard) not in asked:
+                        block_ms = 1  # not asked this round (cannot happen with nothing handed out): look again soon
+                    continue
+                for key, last in known[0]:
+                    points[key], where[key] = last, (source.index, shard)
+                if known[1] != float("inf"):
+                    until = max(1, int((known[1] - now) * 1000) + 1)
+                    block_ms = until if block_ms < 0 else min(block_ms, until)
+        block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
+        if not points:
+            yield Sleep(block_ms / 1000)  # nothing to watch (no shard answered yet): look again after
+            return
+        reply = yield BlockAny(list(points.items()), block_ms, self.context)
+        if reply is BlockAny.FAILED:
+            self.state.forget()
+            return
+        for key in moved_keys(reply):
+            if (at := where.get(key)) is not None:
+                self.state.idle[at[0]].pop(at[1], None)
 
     def take_from(self, source: Source, turn: int, last: bool) -> Plan[bool]:
         """What is still wanted, from ``source`` (the ``turn``-th of the round): its
-        first pass, then its second. A stream that said something is due now (its scan
-        stopped at its bound in a long run of delayed records) is asked again, a bounded
-        number of times, before a later stream (``last``: there is none) gets anything.
-        Returns True when the round ends: enough, or a call failed with records in hand.
-        A failure of a later stream while earlier ones' records are leased (its group
-        missing, a permission denied) ends the round with those records, logged: it is
-        raised by a poll that has nothing else to hand out."""
+        lead, then the others that may have work. A stream that said something is due
+        now (its scan stopped at its bound in a long run of delayed records) is asked
+        again, a bounded number of times, before a later stream (``last``: there is
+        none) gets anything. Returns True when the round ends: enough, or a call failed
+        with records in hand. A failure of a later stream while earlier ones' records
+        are leased (its group missing, a permission denied) ends the round with those
+        records, logged: it is raised by a poll that has nothing else to hand out."""
         for again in range(POLL_AGAIN_MAX + 1):
             want = self.max_records - self.count
             if want <= 0:
                 return True
             self.due_now = False
-            shards = self.rotate(source)
-            first = shards[: min(len(shards), want)]
-            quota = max(1, want // len(source.chosen))
             try:
-                more = yield from self.first_pass(source, first, quota, carry_all=turn == 0 and again == 0)
-                if more is None:
-                    return True  # a call failed and others handed out records: the round ends with those
-                yield from self.second_pass(source, shards[len(first):] + more)
+                if (yield from self.passes(source, want, carry_all=turn == 0 and again == 0)):
+                    return True
             except FelixError as exc:
                 if turn == 0 or not self.count:
                     raise
@@ -145,6 +261,55 @@ class ShardedPoll:
                 return True
             if last or not self.due_now or self.count >= self.max_records:
                 return False
+        return False
+
+    def passes(self, source: Source, want: int, carry_all: bool) -> Plan[bool]:
+        """The lead for ``want`` (with the acks, and a look at the idle shards' wake
+        points when its run starts); while more is wanted, the next shard that may have
+        work takes over the lead for what is left (with the look, if not made yet); then
+        the others that may, a quota each in one round trip, then one at a time those
+        that had more. True when a call failed and records were handed out (the round
+        ends with those)."""
+        cands, index = self.cands[source.index], source.index
+        lead, looked = self.pick_lead(source, cands)
+        # shards a look found moved, or whose due time came, are asked beside the lead
+        # (a quota each), so that what woke on a quiet shard does not wait for its turn
+        # to lead while busy shards take theirs
+        urgent = self.state.urgent[index]
+        beside = [shard for shard in self.after_lead(source) if shard in urgent and shard in cands
+                  and shard != lead][: want - 1 if lead is not None else want]
+        urgent.difference_update(beside)
+        quota = max(1, want // max(1, len(beside) + (lead is not None)))
+        asks = [(shard, quota) for shard in beside]
+        if lead is not None:
+            asks.insert(0, (lead, want - quota * len(beside)))
+        more = yield from self.trip(source, asks, carry_all, looked)
+        if more is None:
+            return True
+        tried = [shard for shard, _ in asks]
+        if self.count < self.max_records and (lead is not None or not looked):
+            # the lead ran dry: the next shard that may have work leads from here on
+            follow, _ = self.pick_lead(source, cands.difference(tried), fresh=True)
+            if follow is not None or not looked:
+                got = yield from self.trip(
+                    source, [] if follow is None else [(follow, self.max_records - self.count)], False, not looked)
+                if got is None:
+                    return True
+                more += got
+                looked = True
+                if follow is not None:
+                    tried.append(follow)
+        want = self.max_records - self.count
+        if want <= 0:
+            return False
+        rest = [shard for shard in self.after_lead(source) if shard in cands and shard not in tried]
+        first = rest[:want]
+        quota = max(1, want // max(1, len(rest)))
+        again = yield from self.trip(source, [(shard, quota) for shard in first], False, False)
+        if again is None:
+            return True
+        more = [shard for shard in more if shard not in first]
+        yield from self.second_pass(source, list(dict.fromkeys(rest[len(first):] + more + again)))
         return False
 
     def order(self) -> list[Source]:
@@ -165,50 +330,121 @@ class ShardedPoll:
         rest = sorted((s for s in self.sources if s.index != lead), key=lambda s: -weights[s.index])
         return [self.sources[lead], *rest]
 
-    def rotate(self, source: Source) -> list[int]:
-        """The source's shards from its cursor on; the cursor moves one on."""
-        chosen, cursors = source.chosen, self.state.cursors
-        cursor = cursors[source.index]
-        cursors[source.index] = (cursor + 1) % len(chosen)
-        return [chosen[(cursor + i) % len(chosen)] for i in range(len(chosen))]
+    def pick_lead(self, source: Source, cands: set[int], fresh: bool = False) -> tuple[int | None, bool]:
+        """The shard that leads this poll of ``source``, and whether its run starts now
+        (the poll then looks at the idle shards' wake points too). The lead keeps its
+        run while it may have work; then the next shard (in the stream's order, after
+        it) that may, for ``LEAD_RUN`` polls (``fresh``: that one now). None when no
+        shard may have work."""
+        state, index, chosen = self.state, source.index, source.chosen
+        at = state.cursors[index]
+        if not fresh and state.runs[index] > 0 and 0 <= at < len(chosen) and chosen[at] in cands:
+            state.runs[index] -= 1
+            return chosen[at], False
+        for step in range(1, len(chosen) + 1):
+            pos = (at + step) % len(chosen)
+            if chosen[pos] in cands:
+                state.cursors[index], state.runs[index] = pos, LEAD_RUN - 1
+                return chosen[pos], True
+        state.runs[index] = 0
+        return None, True
 
-    def first_pass(self, source: Source, shards: list[int], quota: int, carry_all: bool) -> Plan[list[int] | None]:
-        """A quota from each of ``shards`` and the acks of shards it does not poll (of
-        every source, when ``carry_all``), all in one round trip. Returns the shards
-        that may have more, or None when a shard's call failed and records were handed
-        out (the round ends with those). Raises a failure of a call that carried acks
-        (they may not have been applied), a failure with nothing handed out, and any
-        other error."""
-        calls = [self.poll_call(source, shard, quota) for shard in shards]
+    def after_lead(self, source: Source) -> list[int]:
+        """The source's shards after its lead, in the stream's order (the lead last)."""
+        chosen, at = source.chosen, self.state.cursors[source.index]
+        return [chosen[(at + step) % len(chosen)] for step in range(1, len(chosen) + 1)]
+
+    def trip(self, source: Source, asks: list[tuple[int, int]], carry_all: bool, look: bool) -> Plan[list[int] | None]:
+        """One round trip: from each shard of ``asks`` (shard, records wanted) what it
+        wants, the acks of shards it does not poll (of every source, when ``carry_all``), and (``look``) an XREAD
+        of the idle shards' wake points. Returns the shards that may have more (those
+        whose points moved among them), or None when a shard's call failed and records
+        were handed out (the round ends with those). Raises a failure of a call that
+        carried acks (they may not have been applied), a failure with nothing handed
+        out, and any other error."""
+        calls: list[Eval | Cmd] = [self.poll_call(source, shard, want) for shard, want in asks]
         carried = [len(c.args) > 3 for c in calls]
+        acked: list[str] = []  # the claims the ack calls name, in order
         for other in (self.sources if carry_all else (source,)):
             calls += [self.ack_call(other, shard, offsets) for shard, offsets in other.acks.items()]
             carried += [True] * len(other.acks)
+            acked += [f"{shard}:{offset}" for shard, offsets in other.acks.items() for offset in offsets]
             other.acks.clear()
-        replies = yield Batch(calls)
+        looks, where = (self.looks(source) if look else ([], {}))
+        calls += looks
+        carried += [False] * len(looks)
+        if not calls:
+            return []
+        if len(calls) == 1:
+            # alone, it goes as itself: the driver retries it through a lost connection
+            # (a Batch of one would come back with the failure in its list)
+            try:
+                replies = [(yield calls[0])]
+            except FelixError as exc:
+                replies = [exc]
+        else:
+            replies = yield Batch(calls)
         failure: FelixError | None = None
         ack_failure: FelixError | None = None
         error: FelixError | None = None
         more = []
+        statuses: list[int] = []
         for i, reply in enumerate(replies):
-            if isinstance(reply, FelixError):
+            if i >= len(calls) - len(looks):
+                more += self.woken(source, reply, where)
+            elif i >= len(asks) and not isinstance(reply, FelixError):
+                statuses += [int(x) for x in reply]
+            elif isinstance(reply, FelixError):
                 if isinstance(reply, LOST):
                     failure = failure or reply
                 else:
                     error = error or reply
                 if carried[i]:
                     ack_failure = ack_failure or reply
-            elif i < len(shards) and self.take(source, shards[i], quota, reply):
-                more.append(shards[i])
+            elif i < len(asks) and self.take(source, asks[i][0], asks[i][1], reply):
+                more.append(asks[i][0])
         if error is not None:
             raise error  # after every reply was taken: the caller decides what the records in hand become
         if ack_failure is not None:
             raise ack_failure
+        if -1 in statuses and len(statuses) == len(acked):
+            from felix_redis.protocol import not_delivered  # (protocol imports this module)
+
+            # as a poll that carries them refuses them: the caller learns it, the records handed out lapse
+            raise not_delivered(self.context, acked, statuses)
         if failure is not None:
             if self.count:
+                self.state.forget()
                 return None
             raise failure
         return more
+
+    def looks(self, source: Source) -> tuple[list[Eval | Cmd], dict[str, int]]:
+        """Plain XREADs (no block) of the wake points of ``source``'s idle shards: one,
+        or on Redis Cluster one per shard (its keys share the shard's slot); and the
+        shard of each key."""
+        idle, cands, index = self.state.idle[source.index], self.cands[source.index], source.index
+        asked = set(self.where.values())  # (not the shards this round asked: their points are fresh)
+        points = [(shard, known[0]) for shard, known in idle.items()
+                  if shard not in cands and (index, shard) not in asked]
+        if not points:
+            return [], {}
+        where = {key: shard for shard, keys in points for key, _ in keys}
+        groups = [keys for _, keys in points] if self.cluster else [[p for _, keys in points for p in keys]]
+        return [Cmd("XREAD", "COUNT", 1, "STREAMS", *[k for k, _ in keys], *[i for _, i in keys],
+                    key=keys[0][0], context=self.context) for keys in groups], where
+
+    def woken(self, source: Source, reply: Any, where: dict[str, int]) -> list[int]:
+        """The shards a look found moved (all it looked at when it failed): no longer
+        idle, they may have work this round."""
+        moved = set(where.values()) if isinstance(reply, FelixError) else \
+            {where[key] for key in moved_keys(reply) if key in where}
+        idle, cands = self.state.idle[source.index], self.cands[source.index]
+        for shard in moved:
+            idle.pop(shard, None)
+            cands.add(shard)
+        self.state.urgent[source.index].update(moved)
+        return sorted(moved)
 
     def second_pass(self, source: Source, shards: list[int]) -> Plan[None]:
         """What is still wanted, from ``shards`` one at a time, until enough. A failed
@@ -221,6 +457,7 @@ class ShardedPoll:
                 self.take(source, shard, want, (yield self.poll_call(source, shard, want)))
             except LOST:
                 if self.count:
+                    self.state.forget()
                     return
                 raise
 
@@ -242,16 +479,30 @@ class ShardedPoll:
         return Eval("group_ack", keys, offsets, context, source.settings.replicas)
 
     def take(self, source: Source, shard: int, want: int, reply: list[Any]) -> bool:
-        """Adds a poll reply's records and wake points; True when the shard may have more."""
+        """Adds a poll reply's records and wake points, and what it says of the shard:
+        True when it may have more (it filled the ask, or something there is due now),
+        else the shard is idle until its points move or its next due time."""
         count = int(reply[4])
+        self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))
         self.count += count
-        self.points.update(wake_points(self.cache.group_shard_keys(source.name, shard, self.group)[0], reply))
-        due = int(reply[1])
+        points = wake_points(self.cache.group_shard_keys(source.name, shard, self.group)[0], reply)
+        for key, last in points:
+            self.points[key], self.where[key] = last, (source.index, shard)
+        due, now = int(reply[1]), int(reply[0])
         if due >= 0:
-            until = max(1, due - int(reply[0]) + 1)
+            until = max(1, due - now + 1)
             self.block_ms = until if self.block_ms < 0 else min(self.block_ms, until)
-            if count < want and due <= int(reply[0]):
+            if count < want and due <= now:
                 self.due_now = True
+                self.state.idle[source.index].pop(shard, None)
+                self.cands[source.index].add(shard)
                 return True
-        return count == want
+        if count >= want:
+            self.state.idle[source.index].pop(shard, None)
+            self.cands[source.index].add(shard)
+            return True
+        at = time.monotonic()
+        self.state.idle[source.index][shard] = (points, float("inf") if due < 0 else at + (due - now) / 1000, at)
+        self.cands[source.index].discard(shard)
+        return False

@@ -1,6 +1,7 @@
 -- group_configure: change a group's visibility timeout, max attempts and/or rate limit on
 -- one shard.
--- Leases already granted keep their expiry. Safe to run twice.
+-- Leases already granted keep their expiry. A rate limit set or removed wakes the group's
+-- long-polling consumers (a window they wait for may have ended). Safe to run twice.
 --
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- KEYS[14] due        zset: the shard's due index (lua/includes/group.lua)
@@ -33,5 +34,10 @@ elseif rate ~= '' and rate ~= S.rate then
   -- a new limit starts with a new window
   redis.call('HSET', K.group, 'rate', rate)
   S.rate = rate
+end
+if rate ~= '' then
+  -- pollers waiting for the old limit's window to end look again now
+  wake(K, S)
+  save_group(K, S)
 end
 return {S.vt, S.max, S.rate}

@@ -223,20 +223,23 @@ def test_scale_figures_run_end_to_end() -> None:
 
 
 def test_shard_count_figures_run_end_to_end() -> None:
-    """bench/shards.py with tiny numbers: the counts (not the timings) are exact: today
-    an empty poll of a 4-shard group is one script call per shard."""
+    """bench/shards.py with tiny numbers: the counts (not the timings) are exact: an
+    empty poll of a 4-shard group known idle is one plain XREAD (no script call), and an
+    idle long-poller one blocking read per wait."""
     sys.path.insert(0, str(ROOT))
     from bench import shards
 
     with RedisServer() as server:
         raw = redis.Redis.from_url(server.url)
         raw.config_resetstat()
-        row = shards.measure(4, 400, 2, 2.5, server.url, raw)  # past one 2 s wait of each poller
+        drained = shards.drain(4, 400, server.url, raw, "k4")
+        row = shards.idle_costs(4, 2, 2.5, server.url, raw, "k4")  # past one 2 s wait of each poller
         raw.close()
-    assert (row["shards"], row["jobs"]) == (4, 400)
-    assert row["script_calls_per_empty_poll"] == 4.0
-    assert row["drain_jobs_per_s"] > 0 and row["commands_per_job"] > 0
-    assert row["idle_script_calls_per_s_per_poller"] > 0
+    assert drained["jobs_per_s"] > 0 and drained["commands_per_job"] > 0
+    assert 0 < drained["script_calls_per_job"] < 0.2  # 16 records per call, acks riding
+    assert row["script_calls_per_empty_poll"] == 0.0 and row["commands_per_empty_poll"] == 1.0
+    assert row["idle_script_calls_per_s_per_poller"] == 0.0
+    assert 0 < row["idle_commands_per_s_per_poller"] <= 1.0
 
 
 def test_round_trip_figures_run_end_to_end() -> None:

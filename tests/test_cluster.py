@@ -9,6 +9,7 @@ The failover of a cluster primary under load is in ``test_failover.py``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -24,10 +25,13 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.cluster import ClusterNode, RedisCluster
 
 import felix_redis
 import felix_redis.asyncio as felix_async
+import felix_redis.client
+from felix_redis.plans import Batch, Cmd, Eval
 from felix_redis.testing.server import redis_server_binary
 from felix_redis.testing.topology import ClusterTopology
 
@@ -276,7 +280,7 @@ def test_describe_across_nodes(client: felix_redis.Client) -> None:
 
 def test_the_dashboards_reads_across_nodes(client: felix_redis.Client, cluster: ClusterTopology) -> None:
     """stream_overview, group_dead_letters_all, read_at and group_consumers over shards on
-    different nodes (the Batch runs one call per shard there), sync and asyncio."""
+    different nodes (the Batch runs one pipeline per node there), sync and asyncio."""
     stream = _stream(client)
     client.group_create(T, N, stream, "workers")
     for shard in range(SHARDS):
@@ -368,3 +372,240 @@ def test_prune_libraries_on_every_primary(client: felix_redis.Client) -> None:
     assert client.prune_libraries() == [old]
     assert all(names(n) == {current.encode()} for n in primaries)
     assert client.prune_libraries() == []
+
+
+# --------------------------------------------------------------------------- batches
+
+def _poll_calls(client: felix_redis.Client, stream: str, groups: list[str]) -> list[Any]:
+    """group_poll calls, one per shard, of ``groups[shard % len(groups)]``."""
+    calls = []
+    shards = client.stream_describe(T, N, stream).shards
+    for shard in range(shards):
+        _name, _settings, _shard, keys, context = client._drive(
+            client.core.group_op(T, N, stream, shard, groups[shard % len(groups)]))
+        calls.append(Eval("group_poll", list(keys), [16, "", 0], context))
+    return calls
+
+
+@contextlib.contextmanager
+def _checkouts() -> Iterator[collections.Counter[int]]:
+    """Connections taken from the synchronous node pools, by node port: every call or
+    pipeline sent takes one (the old one-call-at-a-time batch took one per call)."""
+    counts: collections.Counter[int] = collections.Counter()
+    original = redis.ConnectionPool.get_connection
+
+    def spy(self: redis.ConnectionPool, *args: Any, **kwargs: Any) -> Any:
+        counts[int(self.connection_kwargs["port"])] += 1
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(redis.ConnectionPool, "get_connection", spy)
+        yield counts
+
+
+def _nodes_of(client: felix_redis.Client, stream: str, shards: range | list[int]) -> collections.Counter[int]:
+    return collections.Counter(_port_of(client, stream, s) for s in shards)
+
+
+def test_a_batch_over_shards_on_several_nodes_is_one_pipeline_per_node(client: felix_redis.Client) -> None:
+    """A Batch of script calls over 9 shards on 3 primaries takes one connection (one
+    round trip) per node, not one per call; so do stream_describe's, group_describe's
+    and a sharded group's ack_many."""
+    stream = _stream(client, shards=9)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    nodes = _nodes_of(client, stream, range(9))
+    assert len(nodes) == 3 and max(nodes.values()) >= 2
+    calls = _poll_calls(client, stream, ["workers"])
+    with _checkouts() as counts:
+        replies = client._execute(Batch(calls))
+    assert dict(counts) == {port: 1 for port in nodes}
+    assert [int(r[4]) for r in replies] == [1] * 9  # each shard's record, in the calls' order
+
+    with _checkouts() as counts:
+        info = client.stream_describe(T, N, stream)
+    assert info.tails == [1] * 9
+    # shard 0's info first, then one pipeline per node for the rest
+    assert sum(counts.values()) == 1 + len(_nodes_of(client, stream, range(1, 9)))
+    with _checkouts() as counts:
+        described = client.group_describe(T, N, stream, "workers")
+    assert described.in_flight == 9
+    assert max(counts.values()) <= 2 and sum(counts.values()) <= 1 + len(nodes)
+
+    for shard in range(9):
+        client.publish(T, N, stream, f"again{shard}", shard=shard)
+    group = client.group_sharded(T, N, stream, "workers")
+    items = group.poll(64)
+    assert sorted(i.shard for i in items) == list(range(9))
+    with _checkouts() as counts:
+        assert group.ack_many(items) == 9
+    assert dict(counts) == {port: 1 for port in nodes}
+
+
+def test_a_batchs_replies_keep_the_calls_order_with_errors_in_place(client: felix_redis.Client) -> None:
+    """Polls of a group that exists and of one that does not, alternating over shards
+    on every node, a keyed command and one with no key: each reply (or NotFound) is at
+    its call's place."""
+    stream = _stream(client, shards=9)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    calls = _poll_calls(client, stream, ["workers", "missing", "workers"])
+    meta = client.core.name(T, N, stream).shard_keys(4)[0]
+    calls[4:4] = [Cmd("EXISTS", meta, key=meta), Cmd("PING")]
+    replies = client._execute(Batch(calls))
+    kinds = [type(r).__name__ if isinstance(r, Exception) else "ok" for r in replies]
+    assert kinds == ["ok", "NotFound", "ok", "ok", "ok", "ok", "NotFound", "ok", "ok", "NotFound", "ok"]
+    assert replies[4] == 1 and replies[5] in (b"PONG", True, "PONG")
+    assert "group missing" in str(replies[1]) and "shard 1" in str(replies[1])
+    polled = [r for r in replies[:4] + replies[6:] if not isinstance(r, Exception)]
+    assert [int(r[4]) for r in polled] == [1] * 6
+
+
+def test_a_batch_loads_the_library_on_the_node_that_lost_it(client: felix_redis.Client) -> None:
+    """FUNCTION FLUSH and SCRIPT FLUSH on the node holding the most shards: the batch's
+    calls there are sent again once the library is loaded on that node; the others
+    are answered at once."""
+    stream = _stream(client, shards=9)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    calls = _poll_calls(client, stream, ["workers"])
+    client._execute(Batch(calls))  # every node has the library now
+    ((port, held),) = _nodes_of(client, stream, range(9)).most_common(1)
+    assert held >= 2
+    node = redis.Redis(port=port)
+    node.function_flush()
+    node.script_flush()
+    assert node.function_list() == []
+    for shard in range(9):
+        client.publish(T, N, stream, f"s{shard}", shard=shard)
+    replies = client._execute(Batch(calls))
+    assert [type(r).__name__ if isinstance(r, Exception) else int(r[4]) for r in replies] == [1] * 9
+    if client._runner.functions:
+        assert [lib[b"library_name"] if isinstance(lib, dict) else lib[1] for lib in node.function_list()] == [
+            felix_redis.scripts.library().name.encode()]
+
+
+def test_a_batch_follows_moved_after_a_stale_slot_map(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's slot map names the wrong node for some shards' slots: those calls
+    come back MOVED from the pipeline (they did not run), the slot map is read again
+    and they are sent on their own to the right node; every reply is in its place."""
+    seen: list[Any] = []
+    original = felix_redis.client.pool_call_many
+
+    def recording(pool: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        replies = original(pool, commands)
+        seen.extend(replies)
+        return replies
+
+    monkeypatch.setattr(felix_redis.client, "pool_call_many", recording)
+    stream = _stream(client, shards=9)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    calls = _poll_calls(client, stream, ["workers"])
+    manager = client.redis.nodes_manager
+    ports = [_port_of(client, stream, s) for s in range(9)]
+    wrong = next(n for n in client.redis.get_primaries() if n.port != ports[0])
+    moved = [s for s in range(9) if ports[s] == ports[0]]
+    for shard in moved:
+        manager.slots_cache[client.redis.keyslot(calls[shard].keys[0])] = [wrong]
+    replies = client._execute(Batch(calls))
+    assert [type(r).__name__ if isinstance(r, Exception) else int(r[4]) for r in replies] == [1] * 9
+    assert sum(isinstance(r, redis.exceptions.MovedError) for r in seen) == len(moved)
+    # the slot map was read again
+    assert all(_port_of(client, stream, s) == ports[s] for s in range(9))
+
+
+def test_a_nodes_lost_pipeline_fails_its_calls_only(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline that loses its connection: each of that node's calls gets
+    ConnectionFailed (as a lone call would), the other nodes' calls their replies."""
+    stream = _stream(client, shards=9)
+    client.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        client.publish(T, N, stream, f"r{shard}", shard=shard)
+    calls = _poll_calls(client, stream, ["workers"])
+    ports = [_port_of(client, stream, s) for s in range(9)]
+    ((lost, held),) = collections.Counter(ports).most_common(1)
+    assert held >= 2
+    original = felix_redis.client.pool_call_many
+
+    def failing(pool: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        if int(pool.connection_kwargs["port"]) == lost:
+            raise redis.exceptions.ConnectionError("Connection reset by peer (test)")
+        return original(pool, commands)
+
+    monkeypatch.setattr(felix_redis.client, "pool_call_many", failing)
+    replies = client._execute(Batch(calls))
+    for shard, reply in enumerate(replies):
+        if ports[shard] == lost:
+            assert isinstance(reply, felix_redis.ConnectionFailed), reply
+            assert "Connection reset by peer (test)" in str(reply)
+        else:
+            assert int(reply[4]) == 1
+
+
+def test_async_batch_is_one_pipeline_per_node(cluster: ClusterTopology) -> None:
+    """The asyncio client: one connection per node for a Batch (the nodes at once), the
+    replies in the calls' order with NotFound in place, the library loaded again on a
+    node that lost it, and a sharded group's ack_many one pipeline per node."""
+    sync = felix_redis.connect(cluster.url)
+    stream = _stream(sync, shards=9)
+    sync.group_create(T, N, stream, "workers")
+    for shard in range(9):
+        sync.publish(T, N, stream, f"r{shard}", shard=shard)
+    nodes = _nodes_of(sync, stream, range(9))
+    calls = _poll_calls(sync, stream, ["workers", "missing", "workers"])
+    ((port, held),) = nodes.most_common(1)
+    assert held >= 2
+    counts: collections.Counter[int] = collections.Counter()
+    original = AsyncClusterNode.acquire_connection
+
+    def spy(self: AsyncClusterNode) -> Any:
+        counts[int(self.port)] += 1
+        return original(self)
+
+    async def run() -> None:
+        client = felix_async.connect(cluster.url)
+        try:
+            await client.stream_describe(T, N, stream)  # the slot map and the library, first
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(AsyncClusterNode, "acquire_connection", spy)
+                replies = await client._execute(Batch(calls))
+                assert dict(counts) == {p: 1 for p in nodes}
+            kinds = [type(r).__name__ if isinstance(r, Exception) else int(r[4]) for r in replies]
+            assert kinds == [1, "NotFound", 1, 1, "NotFound", 1, 1, "NotFound", 1]
+
+            node = redis.Redis(port=port)
+            node.function_flush()
+            node.script_flush()
+            for shard in range(9):
+                await client.publish(T, N, stream, f"s{shard}", shard=shard)
+            again = await client._execute(Batch([c for i, c in enumerate(calls) if i % 3 != 1]))
+            assert [int(r[4]) for r in again] == [1] * 6
+            if client._runner.functions:
+                assert len(node.function_list()) == 1
+
+            for shard in range(9):
+                await client.publish(T, N, stream, f"t{shard}", shard=shard)
+            group = client.group_sharded(T, N, stream, "workers")
+            items = await group.poll(64)
+            assert {i.shard for i in items} == set(range(9))
+            counts.clear()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(AsyncClusterNode, "acquire_connection", spy)
+                assert await group.ack_many(items) == len(items)
+            assert dict(counts) == {p: 1 for p in nodes}
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        sync.close()

@@ -65,9 +65,9 @@ def test_a_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
     """A sharded poll's calls go out on the lane in one write (no redis-py pipeline),
     each reply in its place, an error reply as a value that does not spoil the others
     nor the connection."""
-    redis_client.stream_create(T, N, S, shards=3)
+    redis_client.stream_create(T, N, S, shards=4)
     redis_client.group_create(T, N, S, "workers")
-    for shard in range(3):
+    for shard in range(4):
         redis_client.publish(T, N, S, f"r{shard}", shard=shard)
     group = redis_client.group_sharded(T, N, S, "workers")
     group.poll(1)  # the caches and the lane's connection
@@ -87,9 +87,10 @@ def test_a_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
     monkeypatch.setattr(conn, "_sock", Spy())
     monkeypatch.setattr(redis.client.Pipeline, "execute", lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
     items = group.poll(3)
-    assert sorted(i.payload for i in items) == [b"r1", b"r2"]
-    # the first pass: one write of three calls (then the second pass asks shards 1 and 2 one at a time)
-    assert [w.count(b"group_poll") for w in writes] == [3, 1, 1]
+    assert sorted(i.payload for i in items) == [b"r1", b"r2", b"r3"]
+    # the lead (0) runs dry, so does the next (1) after its one: the rest (2 and 3) are
+    # asked for a quota each in one write of two calls
+    assert [w.count(b"group_poll") for w in writes] == [1, 1, 2]
     monkeypatch.setattr(conn, "_sock", sock)
     replies = redis_client._lane.call_many([("SET", "k", "v"), ("INCR", "k"), ("GET", "k")])
     assert replies is not None and replies[0] == b"OK" and replies[2] == b"v"
@@ -271,9 +272,9 @@ def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
     async def main() -> None:
         client = aio.connect(redis_url)
         try:
-            await client.stream_create(T, N, S, shards=3)
+            await client.stream_create(T, N, S, shards=4)
             await client.group_create(T, N, S, "workers")
-            for shard in range(3):
+            for shard in range(4):
                 await client.publish(T, N, S, f"r{shard}", shard=shard)
             group = client.group_sharded(T, N, S, "workers")
             await group.poll(1)  # the caches and the lane's connection
@@ -290,10 +291,10 @@ def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
             monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute",
                                 lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
             items = await group.poll(3)
-            assert sorted(i.payload for i in items) == [b"r1", b"r2"]
-            # the first pass in one write, then shards 1 and 2 one at a time (older redis-py
+            assert sorted(i.payload for i in items) == [b"r1", b"r2", b"r3"]
+            # the lead, the next shard, then the rest's quotas in one write (older redis-py
             # may write other commands on the connection too: those carry no group_poll)
-            assert [w for w in writes if w] == [3, 1, 1]
+            assert [w for w in writes if w] == [1, 1, 2]
             replies = await client._lane.call_many([("SET", "k", "v"), ("INCR", "k"), ("GET", "k")])
             assert replies[0] in (b"OK", True) and replies[2] == b"v"
             assert isinstance(replies[1], redis.ResponseError) and "not an integer" in str(replies[1])

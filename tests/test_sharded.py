@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 import felix_redis
+from felix_redis.constants import LEAD_RUN
 from felix_redis.keys import GROUP_ROLES
-from felix_redis.protocol import Batch, BlockAny, Eval
+from felix_redis.protocol import Batch, BlockAny, Cmd, Eval
+from felix_redis.testing.server import RedisServer
 
 T, N, S, G = "acme", "prod", "jobs", "workers"
 
@@ -59,29 +61,29 @@ def later(fn: Callable[[], Any], after: float) -> threading.Thread:
 # ---------------------------------------------------------------------- fairness
 
 
-def test_poll_takes_from_every_shard(client: felix_redis.Client) -> None:
+def test_a_poll_takes_its_batch_from_one_lead_shard_in_turn(client: felix_redis.Client) -> None:
+    """With every shard busy one shard leads: it gives the whole batch (one script call)
+    for LEAD_RUN polls in a row, then the next shard does."""
     setup(client, fill={0: 100, 1: 100, 2: 100, 3: 100})
     group = client.group_sharded(T, N, S, G)
-    items = group.poll(8)
-    assert len(items) == 8
-    assert Counter(i.shard for i in items) == {0: 2, 1: 2, 2: 2, 3: 2}
-    for item in items:
-        assert item.attempts == 1
-        assert item.payload == b"%d-%d" % (item.shard, item.offset)
-        assert item.claim == f"{item.shard}:{item.offset}:1"
+    polls = [group.poll(8) for _ in range(4 * LEAD_RUN)]
+    assert [{i.shard for i in items} for items in polls] == [{shard} for shard in range(4) for _ in range(LEAD_RUN)]
+    for items in polls[:LEAD_RUN]:
+        for item in items:
+            assert item.attempts == 1
+            assert item.payload == b"%d-%d" % (item.shard, item.offset)
+            assert item.claim == f"{item.shard}:{item.offset}:1"
     # offset order within each shard
-    for shard in range(4):
-        assert [i.offset for i in items if i.shard == shard] == [0, 1]
+    assert [i.offset for items in polls[:LEAD_RUN] for i in items] == list(range(8 * LEAD_RUN))
 
 
 def test_poll_fills_up_from_shards_that_have_more(client: felix_redis.Client) -> None:
-    setup(client, fill={0: 100, 1: 1, 3: 100})
+    setup(client, fill={0: 3, 1: 1, 3: 100})
     group = client.group_sharded(T, N, S, G)
     items = group.poll(16)
     assert len(items) == 16
-    counts = Counter(i.shard for i in items)
-    assert counts[1] == 1 and counts[2] == 0
-    assert counts[0] >= 4 and counts[3] >= 4
+    # the lead (0) ran dry, so did the next (1); 3 gave the rest
+    assert Counter(i.shard for i in items) == {0: 3, 1: 1, 3: 12}
     assert len({(i.shard, i.offset) for i in items}) == 16
 
 
@@ -99,16 +101,37 @@ def test_hot_shard_does_not_starve_the_others(client: felix_redis.Client) -> Non
                 drained_at[shard] = n
         group.ack_many(items)
     assert set(drained_at) == {1, 2, 3}, seen
-    assert max(drained_at.values()) <= 4, drained_at
+    # the hot shard leads its run, then the others drain in the polls right after it
+    assert max(drained_at.values()) <= LEAD_RUN + 3, drained_at
     # and the hot shard got everything else
     assert seen[0] == 20 * 16 - 30
+
+
+def test_with_every_shard_busy_each_leads_in_turn(client: felix_redis.Client) -> None:
+    """64 shards, all busy: over 64 * LEAD_RUN polls each shard hands out the same
+    number of records, and none waits more than LEAD_RUN * 63 polls for its turn."""
+    setup(client, shards=64, fill={shard: 4 * LEAD_RUN for shard in range(64)})
+    group = client.group_sharded(T, N, S, G)
+    seen: Counter[int] = Counter()
+    last: dict[int, int] = {}
+    waits = []
+    for n in range(64 * LEAD_RUN):
+        items = group.poll(4, ack=[])
+        assert len(items) == 4
+        for shard in {i.shard for i in items}:
+            waits.append(n - last.get(shard, n))
+            last[shard] = n
+        seen.update(i.shard for i in items)
+        group.ack_many(items)
+    assert seen == {shard: 4 * LEAD_RUN for shard in range(64)}
+    assert max(waits) <= LEAD_RUN * 63
 
 
 def test_small_polls_rotate_over_shards(client: felix_redis.Client) -> None:
     setup(client, fill={0: 10, 1: 10, 2: 10, 3: 10})
     group = client.group_sharded(T, N, S, G)
-    shards = [group.poll(1)[0].shard for _ in range(8)]
-    assert Counter(shards) == {0: 2, 1: 2, 2: 2, 3: 2}, shards
+    shards = [group.poll(1)[0].shard for _ in range(4 * LEAD_RUN)]
+    assert shards == [shard for shard in range(4) for _ in range(LEAD_RUN)], shards
 
 
 def test_poll_skips_empty_shards(client: felix_redis.Client) -> None:
@@ -182,18 +205,18 @@ def test_settles_accept_records_and_stale_claims_fail(client: felix_redis.Client
 def test_ack_many_batches_per_shard(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> None:
     setup(client, fill={0: 10, 1: 10, 2: 10, 3: 10})
     group = client.group_sharded(T, N, S, G)
-    items = group.poll(16) + group.poll(16)
-    assert len(items) == 32
+    items = group.poll(16) + group.poll(16) + group.poll(8)
+    assert len(items) == 40 and {i.shard for i in items} == {0, 1, 2, 3}
     ops = spy(client, monkeypatch)
-    assert group.ack_many(items) == 32
+    assert group.ack_many(items) == 40
     assert len(ops) == 1 and type(ops[0]) is Batch, "one round trip for all shards"
     acks = [op for op in ops[0].ops if type(op) is Eval and op.script == "group_ack"]
     assert len(acks) == 4, [op.script for op in ops[0].ops]
-    assert sorted(len(op.args) for op in acks) == [8, 8, 8, 8]
+    assert sorted(len(op.args) for op in acks) == [10, 10, 10, 10]
     assert group.ack_many(items) == 0  # finished already
     assert group.ack_many([]) == 0
     info = client.group_describe(T, N, S, G)
-    assert [s.position for s in info.shards] == [8, 8, 8, 8]
+    assert [s.position for s in info.shards] == [10, 10, 10, 10]
     assert [s.in_flight for s in info.shards] == [0, 0, 0, 0]
 
 
@@ -292,6 +315,209 @@ def test_long_poll_wakes_at_a_lapse_on_any_shard(client: felix_redis.Client, oth
     elapsed = time.monotonic() - start
     assert [(i.shard, i.offset, i.attempts) for i in items] == [(2, 0, 2)]
     assert 0.2 <= elapsed < 1.5
+
+
+# ------------------------------------------------------------ many shards (64)
+
+
+def calls(op: Any) -> list[Any]:
+    """The calls of one round trip: a Batch's, or the one call sent as itself."""
+    return list(op.ops) if type(op) is Batch else [op]
+
+
+def script_calls(ops: list[Any]) -> int:
+    return sum(type(e) is Eval for op in ops for e in calls(op))
+
+
+def test_one_busy_shard_among_64_costs_one_script_call_per_poll(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup(client, shards=64, fill={37: 400})
+    group = client.group_sharded(T, N, S, G)
+    batch: list[Any] = []
+    for _ in range(8):  # the first polls learn which shards are idle
+        batch = group.poll(16, ack=batch)
+    ops = spy(client, monkeypatch)
+    for _ in range(12):
+        batch = group.poll(16, ack=batch)
+        assert len(batch) == 16 and {i.shard for i in batch} == {37}
+    assert script_calls(ops) == 12  # the busy shard's poll, its acks riding on it
+    assert len(ops) == 12  # one round trip each (the idle shards' looks ride along)
+    assert sum(type(e) is Cmd for op in ops for e in calls(op)) <= 12 // LEAD_RUN + 1
+
+
+def test_an_idle_group_of_64_shards_costs_one_read_per_wait(
+    client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup(client, shards=64)
+    group = client.group_sharded(T, N, S, G)
+    assert group.poll(16) == []  # learns every shard idle
+    ops = spy(client, monkeypatch)
+    assert group.poll(16) == []
+    assert [type(op) for op in ops] == [Cmd]  # one look (a plain XREAD), no script
+    ops.clear()
+    for _ in range(3):
+        assert group.poll(16, wait=0.2) == []
+    assert script_calls(ops) == 0
+    assert all(type(op) is BlockAny for op in ops) and len(ops) <= 6, ops
+
+
+def test_a_record_published_to_one_of_64_idle_shards_wakes_the_long_poll(
+    client: felix_redis.Client, other: felix_redis.Client
+) -> None:
+    setup(client, shards=64)
+    group = client.group_sharded(T, N, S, G)
+    assert group.poll(16) == []
+    thread = later(lambda: other.publish(T, N, S, b"late", shard=51), 0.2)
+    start = time.monotonic()
+    items = group.poll(16, wait=3)
+    thread.join(5)
+    assert [(i.shard, i.payload) for i in items] == [(51, b"late")]
+    assert time.monotonic() - start < 1.0
+    # and a record that lands while the poller is busy elsewhere is found by a look
+    client.publish_batch(T, N, S, [b"busy"] * 200, shard=3)
+    other.publish(T, N, S, b"quiet", shard=60)
+    seen = [i.payload for _ in range(16) for i in group.poll(16)]
+    assert b"quiet" in seen and seen.count(b"busy") == 200
+
+
+def test_a_record_on_a_quiet_shard_does_not_wait_for_the_busy_ones_runs(client: felix_redis.Client) -> None:
+    """63 busy shards, one quiet: what lands on the quiet one is found by the next look
+    (at most LEAD_RUN polls away) and asked for beside the lead the poll after, not
+    when the quiet shard's turn to lead comes round (63 runs later)."""
+    setup(client, shards=64, fill={shard: 300 for shard in range(1, 64)})
+    group = client.group_sharded(T, N, S, G)
+    batch: list[Any] = []
+    for _ in range(8):
+        batch = group.poll(16, ack=batch)
+    client.publish(T, N, S, b"quiet", shard=0)
+    polls = 0
+    while polls < 3 * LEAD_RUN and not any(i.shard == 0 for i in batch):
+        batch = group.poll(16, ack=batch)
+        polls += 1
+    assert [i.payload for i in batch if i.shard == 0] == [b"quiet"]
+    assert polls <= LEAD_RUN + 1, polls
+    assert len(batch) == 16
+
+
+def test_records_falling_due_on_a_shard_nobody_polled_for_a_while(client: felix_redis.Client) -> None:
+    setup(client, shards=64)
+    client.publish(T, N, S, b"later", shard=50, delay=1.0)
+    due = time.monotonic() + 1.0
+    group = client.group_sharded(T, N, S, G)
+    assert group.poll(16) == []  # shard 50 said when its record falls due
+    for _ in range(3):
+        assert group.poll(16, wait=0.1) == []
+    items = group.poll(16, wait=5)
+    got = time.monotonic()
+    assert [(i.shard, i.payload) for i in items] == [(50, b"later")]
+    assert due - 0.05 <= got < due + 0.5
+
+
+def test_a_lease_lapsing_on_an_idle_shard_of_64(client: felix_redis.Client, other: felix_redis.Client) -> None:
+    setup(client, shards=64, fill={20: 1}, visibility_timeout_ms=400)
+    (taken,) = other.group_sharded(T, N, S, G).poll(4)
+    lapse = time.monotonic() + 0.4
+    group = client.group_sharded(T, N, S, G)
+    assert group.poll(16) == []  # shard 20 said when its lease lapses
+    assert group.poll(16, wait=0.1) == []
+    items = group.poll(16, wait=5)
+    got = time.monotonic()
+    assert [(i.shard, i.offset, i.attempts) for i in items] == [(20, taken.offset, 2)]
+    assert lapse - 0.05 <= got < lapse + 0.5
+
+
+def test_a_nack_on_an_idle_shard_wakes_a_poller_busy_elsewhere(
+    client: felix_redis.Client, other: felix_redis.Client
+) -> None:
+    setup(client, shards=64, fill={9: 1})
+    (item,) = other.group_sharded(T, N, S, G).poll(4)
+    group = client.group_sharded(T, N, S, G)
+    assert group.poll(16) == []
+    client.publish_batch(T, N, S, [b"busy"] * 200, shard=3)
+    other.group_nack(T, N, S, 9, G, item.record)
+    again = [i for _ in range(16) for i in group.poll(16) if i.shard == 9]
+    assert [(i.offset, i.attempts) for i in again] == [(item.offset, 2)]
+
+
+def test_removing_a_rate_limit_wakes_a_poller_waiting_for_its_window(
+    client: felix_redis.Client, other: felix_redis.Client
+) -> None:
+    setup(client, shards=4, fill={2: 3}, rate_limit=(1, 60.0))
+    group = client.group_sharded(T, N, S, G)
+    assert len(group.poll(16)) == 1  # the window allows one; the next ends in a minute
+    assert group.poll(16) == []
+    thread = later(lambda: other.group_configure(T, N, S, G, rate_limit=None), 0.3)
+    start = time.monotonic()
+    items = group.poll(16, wait=5)
+    thread.join(5)
+    assert [(i.shard, i.offset) for i in items] == [(2, 1), (2, 2)]
+    assert time.monotonic() - start < 1.5
+
+
+def drained_and_known_idle(client: felix_redis.Client, group: Any, records: int) -> None:
+    """Publishes ``records`` round-robin, drains and acks them with ``group``, and makes
+    it learn every shard idle."""
+    client.publish_batch(T, N, S, [b"r%d" % i for i in range(records)]) if records else None
+    batch: list[Any] = []
+    while batch := group.poll(16, ack=batch):
+        pass
+    assert group.poll(16) == []
+
+
+def test_a_group_made_again_is_seen_at_once(client: felix_redis.Client) -> None:
+    """Deleting a group and making it again leaves no new entry in the logs: the new
+    group's first wake-up (its wake sequence starts above the old one's) tells a
+    consumer that knew the shards idle to look again."""
+    setup(client, shards=4)
+    for i in range(8):
+        client.publish(T, N, S, b"r%d" % i, shard=i % 4)
+    group = client.group_sharded(T, N, S, G)
+    drained_and_known_idle(client, group, 0)
+    client.group_delete(T, N, S, G)
+    client.group_create(T, N, S, G, start="earliest")
+    assert len(group.poll(16)) == 8  # at once, not after the 30 s re-ask
+    client.group_delete(T, N, S, G)
+    client.group_create(T, N, S, G, start="earliest")
+    start = time.monotonic()
+    assert len(group.poll(16, wait=5)) == 8
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_stream_made_again_is_seen_at_once(client: felix_redis.Client) -> None:
+    setup(client, shards=2)
+    group = client.group_sharded(T, N, S, G)
+    drained_and_known_idle(client, group, 40)  # the old logs' tails are at 20
+    client.stream_delete(T, N, S)
+    setup(client, shards=2)
+    for shard in (0, 1):
+        client.publish(T, N, S, b"new", shard=shard)  # offset 0: below the old tails
+    start = time.monotonic()
+    got = group.poll(16, wait=5)
+    got += group.poll(16, wait=0.5) if len(got) < 2 else []
+    assert sorted((i.shard, i.offset, i.payload) for i in got) == [(0, 0, b"new"), (1, 0, b"new")]
+    assert time.monotonic() - start < 1.5
+
+
+def test_a_restart_that_rolls_back_makes_the_group_forget_what_it_knew() -> None:
+    """The same client through a Redis restart from an older snapshot: the logs are back
+    below the points the group knew them idle at. The client met the lost connection
+    (and retried through it), so the group asks every shard again."""
+    with RedisServer(persistence=True, extra=["--save", "", "--appendonly", "no"]) as server:
+        client = felix_redis.connect(server.url, retry_for=10.0)
+        try:
+            setup(client, shards=2, fill={0: 5, 1: 5})
+            client.redis.execute_command("SAVE")  # the snapshot: 10 records not yet handed out
+            group = client.group_sharded(T, N, S, G)
+            drained_and_known_idle(client, group, 20)
+            server.restart(hard=True)
+            for shard in (0, 1):
+                client.publish(T, N, S, b"after", shard=shard)
+            got = group.poll(100)
+            got += group.poll(100) if len(got) < 12 else []
+            assert len(got) == 12 and sum(i.payload == b"after" for i in got) == 2
+        finally:
+            client.close()
 
 
 def test_long_poll_elapses(client: felix_redis.Client) -> None:
