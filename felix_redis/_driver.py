@@ -484,7 +484,18 @@ class ShardedGroupBase:
         return (yield from self._core.ack_sharded(self.tenant, self.namespace, self.group, self._by_target(items)))
 
     def _by_target(self, items: Iterable[Ref]) -> dict[tuple[str, int], list[Ref]]:
+        """``items`` by (stream, shard); an Item of this group's goes as its Record (what
+        the offsets are read from at once), anything else as it is, checked later."""
         grouped: dict[tuple[str, int], list[Ref]] = {}
+        index = self._index
         for item in check_list(items, "items"):
-            grouped.setdefault((self._stream_of(item), _shard(item)), []).append(item)
+            if type(item) is Item and item.stream in index:
+                record = item.record
+                key = (item.stream, record.shard)
+                if (refs := grouped.get(key)) is None:
+                    grouped[key] = [record]
+                else:
+                    refs.append(record)
+            else:
+                grouped.setdefault((self._stream_of(item), _shard(item)), []).append(item)
         return grouped

@@ -276,13 +276,16 @@ class ShardedPoll:
         # (a quota each), so that what woke on a quiet shard does not wait for its turn
         # to lead while busy shards take theirs
         urgent = self.state.urgent[index]
-        beside = [shard for shard in self.after_lead(source) if shard in urgent and shard in cands
-                  and shard != lead][: want - 1 if lead is not None else want]
-        urgent.difference_update(beside)
-        quota = max(1, want // max(1, len(beside) + (lead is not None)))
-        asks = [(shard, quota) for shard in beside]
-        if lead is not None:
-            asks.insert(0, (lead, want - quota * len(beside)))
+        if urgent:
+            beside = [shard for shard in self.after_lead(source) if shard in urgent and shard in cands
+                      and shard != lead][: want - 1 if lead is not None else want]
+            urgent.difference_update(beside)
+            quota = max(1, want // max(1, len(beside) + (lead is not None)))
+            asks = [(shard, quota) for shard in beside]
+            if lead is not None:
+                asks.insert(0, (lead, want - quota * len(beside)))
+        else:
+            asks = [] if lead is None else [(lead, want)]
         more = yield from self.trip(source, asks, carry_all, looked)
         if more is None:
             return True
