@@ -472,12 +472,7 @@ class AsyncLane:
         self.awaiting_reply = True
         try:
             await conn.send_packed_command(chunks)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await read_reply(conn))
-                except ResponseError as exc:
-                    replies.append(exc)
+            replies = await _async_replies(conn, len(commands))
             self.awaiting_reply = False  # (else the next call drops the connection first)
         finally:
             if self.conn is not conn or conn.should_reconnect():
@@ -584,12 +579,7 @@ async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> li
     try:
         await async_ensure_connected(conn)
         await conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await read_reply(conn))
-            except ResponseError as exc:
-                replies.append(exc)
+        replies = await _async_replies(conn, len(commands))
         if any(isinstance(reply, ReadOnlyError) for reply in replies):
             await conn.disconnect()  # a replica now: the next call connects anew
         return replies
@@ -619,3 +609,14 @@ def _pack(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     :func:`_hiredis_packed` can; anything else is left to redis-py (and its error)."""
     packed = _hiredis_packed(conn, args)
     return packed if packed is not None else conn.pack_command(*args)
+
+
+async def _async_replies(conn: Any, count: int) -> list[Any]:
+    """``count`` replies from a redis.asyncio ``conn``, an error reply in its place."""
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await read_reply(conn))
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
