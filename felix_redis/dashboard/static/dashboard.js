@@ -8,6 +8,7 @@
   var status = document.getElementById("live-status");
   var interval = Math.max(1, parseFloat(live.getAttribute("data-interval")) || 5) * 1000;
   var pending = null;  // the action waiting for its confirmation
+  var shown = null;  // the last action's result, shown again after each refresh for a while
 
   function say(text, bad) {
     if (!status) { return; }
@@ -31,11 +32,21 @@
         return r.text().then(function (html) {
           if (busy()) { return; }
           live.innerHTML = html;
+          showResult();
           if (r.ok) { say("live · " + new Date().toLocaleTimeString(), false); }
           else { say("error " + r.status + " · retrying", true); }
         });
       })
       .catch(function () { say("dashboard unreachable · retrying", true); });
+  }
+
+  function showResult() {
+    // the result sits in the part refreshed in place: put it back after each swap
+    var out = document.getElementById("action-result");
+    if (!out || !shown) { return; }
+    if (Date.now() > shown.until) { shown = null; return; }
+    out.textContent = shown.text;
+    out.className = shown.ok ? "ok-text" : "error-text";
   }
 
   function picked() {
@@ -91,10 +102,8 @@
           var text = res[0] ? (act.verb === "redrive" ? "redriven: " + doc.redriven : "discarded: " + doc.discarded)
                              : "refused: " + doc.error;
           Array.prototype.forEach.call(live.querySelectorAll("input.pick"), function (c) { c.checked = false; });
-          return refresh().then(function () {
-            var out = document.getElementById("action-result");
-            if (out) { out.textContent = text; out.className = res[0] ? "ok-text" : "error-text"; }
-          });
+          shown = {text: text, ok: res[0], until: Date.now() + 30000};
+          return refresh().then(showResult);
         })
         .catch(function () {
           pending = null;
