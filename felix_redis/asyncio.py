@@ -411,8 +411,10 @@ class AsyncClient(_AwaitsToItself):
         raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call", unsent=True)
 
     async def _refresh_slots(self) -> None:
-        """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
+        """Re-reads the cluster's slot map (after a failover, a lost node, a redirect; what
+        sharded groups knew of their shards is forgotten too); a no-op elsewhere."""
         if self._cluster:
+            self.core.epoch += 1
             with contextlib.suppress(Exception):
                 await self.redis.nodes_manager.initialize()
 

@@ -458,8 +458,10 @@ class Client:
         raise ConnectionFailed(f"{op.context}: Redis at {self.url} kept redirecting the call", unsent=True)
 
     def _refresh_slots(self) -> None:
-        """Re-reads the cluster's slot map (after a failover); a no-op elsewhere."""
+        """Re-reads the cluster's slot map (after a failover, a lost node, a redirect; what
+        sharded groups knew of their shards is forgotten too); a no-op elsewhere."""
         if self._cluster:
+            self.core.epoch += 1
             with contextlib.suppress(Exception):
                 self.redis.nodes_manager.initialize()
 

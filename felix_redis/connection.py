@@ -633,40 +633,57 @@ def async_client(url: str) -> Any:
 
 
 class _ConnectWatch:
-    """Registered on each connection of a pool: calls back when a connection it saw
-    connect connects again (a first connect is no news)."""
+    """One per pool, registered on each of its connections: calls the clients' callbacks
+    back when a connection it saw connected connects again (a first connect is no news)."""
 
-    def __init__(self, callback: Any) -> None:
-        self.callback = weakref.WeakMethod(callback)
+    def __init__(self) -> None:
+        self.callbacks: list[weakref.WeakMethod[Any]] = []
         self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def watch(self, conn: Any) -> None:
+        if hasattr(conn, "register_connect_callback"):
+            conn.register_connect_callback(self.connected)
+            if getattr(conn, "_sock", None) is not None or getattr(conn, "is_connected", False) is True:
+                self.seen.add(conn)  # connected already: its next connect is a reconnect
 
     def connected(self, conn: Any) -> None:
         if conn not in self.seen:
             self.seen.add(conn)
             return
-        callback = self.callback()
-        if callback is not None:
-            callback(conn)
+        alive = [ref for ref in self.callbacks if ref() is not None]
+        self.callbacks = alive  # (the clients gone are dropped)
+        for ref in alive:
+            callback = ref()
+            if callback is not None:
+                callback(conn)
 
 
 def watch_connects(raw: Any, callback: Any) -> None:
     """Has ``callback(connection)`` (a bound method: kept as a weak reference) called
     whenever a connection of ``raw``'s pool connects again after it was connected
     (redis-py reconnects a dropped connection without a word: a restart, a failover
-    behind Sentinel, a server that closed an idle connection). Not on Redis Cluster,
-    whose node pools are made later (there a failover shows as errors and redirects),
-    nor for clients without a pool."""
+    behind Sentinel, a server that closed an idle connection). One watch per pool, however
+    many clients are made over it; the connections the pool has already are watched too.
+    Not on Redis Cluster, whose node pools are made later (there a failover shows as
+    errors and redirects, which read the slot map again), nor for clients without a pool."""
     pool = getattr(raw, "connection_pool", None)
     make = getattr(pool, "make_connection", None)
-    if make is None or hasattr(raw, "get_node_from_key"):
+    if pool is None or make is None or hasattr(raw, "get_node_from_key"):
         return
-    watch = _ConnectWatch(callback)
+    watch = getattr(pool, "_felix_watch", None)
+    if watch is None:
+        watch = _ConnectWatch()
 
-    def make_connection(*args: Any, **kwargs: Any) -> Any:
-        conn = make(*args, **kwargs)
-        if hasattr(conn, "register_connect_callback"):
-            conn.register_connect_callback(watch.connected)
-        return conn
+        def make_connection(*args: Any, **kwargs: Any) -> Any:
+            conn = make(*args, **kwargs)
+            watch.watch(conn)
+            return conn
 
-    # (the pool holds the watch through this function: they live as long as each other)
-    setattr(pool, "make_connection", make_connection)  # noqa: B010 (pool: Any | None, checked above)
+        # (the pool holds the watch through this function: they live as long as each other)
+        setattr(pool, "make_connection", make_connection)  # noqa: B010 (a plain attribute of redis-py's pool)
+        setattr(pool, "_felix_watch", watch)  # noqa: B010
+        existing = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
+        single = getattr(raw, "connection", None)
+        for conn in [*existing, *([single] if single is not None else [])]:
+            watch.watch(conn)
+    watch.callbacks.append(weakref.WeakMethod(callback))

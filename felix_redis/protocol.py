@@ -1026,15 +1026,16 @@ class Core:
         ack: dict[tuple[int, int], list[Any]] | None = None,
         weights: Sequence[int] | None = None,
     ) -> Plan[list[list[Record]]]:
-        """Polls every shard (or ``only`` these) of ``streams`` (checked by
-        :func:`check_streams`, with ``weights``) fairly (:class:`ShardedPoll`): per
-        stream, a quota per shard first (starting from a rotating shard), then what is
-        left from shards that had more; a stream only for what the streams before it
-        (in order, or led by the weights' pick) could not fill. Returns the records per
-        stream (by index). ``state``: the group's :class:`PollState`, updated.
-        ``ack``: records to ack first, by (stream index, shard); each shard's ride on
-        its first poll of this call, the others go with the first round trip. When a
-        call that carried acks fails, the poll raises (ack those records again)."""
+        """Polls the shards (or ``only`` these) of ``streams`` (checked by
+        :func:`check_streams`, with ``weights``) that may have work, as the group's
+        ``state`` knows them (:class:`ShardedPoll`): per stream, a lead shard for the
+        batch, then the next, then the rest a quota each; a stream only for what the
+        streams before it (in order, or led by the weights' pick) could not fill.
+        Returns the records per stream (by index). ``state``: the group's
+        :class:`PollState`, updated. ``ack``: records to ack first, by (stream index,
+        shard); each shard's ride on its poll when it is asked, the others go with the
+        first round trip. When a call that carried acks fails, the poll raises (ack those
+        records again)."""
         max_records = check_int(max_records, "max_records", 1, C.MAX_RECORDS_PER_POLL)
         wait_ms = 0 if wait is None else seconds_to_ms(wait, "wait", 0, C.MAX_DELAY_MS)
         if consumer is not None:

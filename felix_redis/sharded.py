@@ -386,7 +386,10 @@ class ShardedPoll:
             except FelixError as exc:
                 replies = [exc]
         else:
-            replies = yield Batch(calls)
+            try:
+                replies = yield Batch(calls)
+            except FelixError as exc:  # the driver gave up on the whole round trip
+                replies = [exc] * len(calls)
         failure: FelixError | None = None
         ack_failure: FelixError | None = None
         error: FelixError | None = None
@@ -413,8 +416,12 @@ class ShardedPoll:
         if -1 in statuses and len(statuses) == len(acked):
             from felix_redis.protocol import not_delivered  # (protocol imports this module)
 
-            # as a poll that carries them refuses them: the caller learns it, the records handed out lapse
-            raise not_delivered(self.context, acked, statuses)
+            refused = not_delivered(self.context, acked, statuses)
+            if not self.count:
+                raise refused  # the caller learns it (the others were settled)
+            # records are leased: they are handed out (raising would let them lapse and
+            # spend an attempt); the acks of records never delivered are dropped, said
+            log.warning("%s", refused)
         if failure is not None:
             if self.count:
                 self.state.forget()

@@ -62,8 +62,17 @@ if redis.call('EXISTS', K.group) == 1 then
 end
 if ARGV[6] == '1' then return 0 end
 local now = now_ms()
+-- The wake sequence starts at the server time (ms), and above a wake stream left behind
+-- (a group hash removed by hand or by eviction): the first wake-up below can always be
+-- written (read before any write)
+local wseq = now
+local left = redis.call('XREVRANGE', K.wake, '+', '-', 'COUNT', 1)
+if left[1] then
+  local top = tonumber(s_match(left[1][1], '^%d+'))
+  if top and top >= wseq then wseq = top + 1 end
+end
 local fields = {'name', name, 'vt', fmt(vt), 'max', fmt(max), 'pos', fmt(pos),
-  'next', fmt(pos), 'wseq', fmt(now), 'cons', '0', 'trimmed', '0', 'created', fmt(now)}
+  'next', fmt(pos), 'wseq', fmt(wseq), 'cons', '0', 'trimmed', '0', 'created', fmt(now)}
 if K.due and redis.call('HEXISTS', K.meta, 'dmax') == 1 then
   -- delayed records were published: due times up to now are the scan's (the group meets
   -- those records due), and delayed records below where it starts are not its own. (A
@@ -85,8 +94,8 @@ if rate and rate ~= '' then
 end
 redis.call('HSET', K.group, unpack(fields))
 redis.call('SADD', GROUPS, name)
--- The wake sequence starts at the server time (ms), above that of any group of this name
--- deleted before, and the group is made with a wake-up: a consumer that knew the shard
--- idle under an earlier group of this name (its wake point below this one) looks again.
-redis.call('XADD', K.wake, 'MAXLEN', '1', fmt(now) .. '-1', 'w', '1')
+-- The group is made with a wake-up, above the wake sequence of a group of this name
+-- deleted before (unless the server's clock is behind it): a consumer that knew the shard
+-- idle under that group (its wake point below this one) looks again.
+redis.call('XADD', K.wake, 'MAXLEN', '1', fmt(wseq) .. '-1', 'w', '1')
 return 1

@@ -355,7 +355,7 @@ MUTATIONS: list[Mutation] = [
              "tests/test_sharded.py -k 'redis and (busy_elsewhere or quiet_shard or poller_busy)'",
              "a look that finds an idle shard moved is ignored: what lands there waits for the 30 s re-ask"),
     mutation("K2", "shards", "lua/group_create.lua",
-             "redis.call('XADD', K.wake, 'MAXLEN', '1', fmt(now) .. '-1', 'w', '1')", "",
+             "redis.call('XADD', K.wake, 'MAXLEN', '1', fmt(wseq) .. '-1', 'w', '1')", "",
              "tests/test_sharded.py -k 'redis and made_again'",
              "a group made again under consumers that knew its shards idle is not seen until the 30 s re-ask"),
     mutation("K3", "shards", "felix_redis/sharded.py",

@@ -520,6 +520,31 @@ def test_a_restart_that_rolls_back_makes_the_group_forget_what_it_knew() -> None
             client.close()
 
 
+def test_clients_over_one_redis_client_share_one_connect_watch(redis_url: str) -> None:
+    """Client(raw) watches raw's pool for reconnects: once per pool however many clients
+    are made over it (each made and dropped), and the connections it had already too."""
+    import gc
+
+    import redis
+
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        raw.ping()  # a connection made before any client
+        kept = felix_redis.Client(raw)
+        for _ in range(1500):
+            felix_redis.Client(raw)
+        gc.collect()
+        assert raw.ping()  # (a wrapper per client nested 1500 deep: RecursionError)
+        before = kept.core.epoch
+        killer = redis.Redis.from_url(redis_url)
+        killer.client_kill_filter(_type="normal", skipme=True)
+        killer.close()
+        assert raw.ping()  # the connection made before the client connects again
+        assert kept.core.epoch > before
+    finally:
+        raw.close()
+
+
 def test_long_poll_elapses(client: felix_redis.Client) -> None:
     setup(client)
     start = time.monotonic()
