@@ -441,6 +441,23 @@ def test_a_lost_shard_call_hands_out_what_the_other_shards_leased() -> None:
     assert state.idle == [{}]  # and nothing is known idle any more
 
 
+def test_a_round_trip_the_driver_gave_up_on_keeps_the_records_in_hand() -> None:
+    """The lead handed out a record and ran dry; the rest's round trip (a Batch) is lost
+    for good (the driver raises it): the poll hands out the lead's record, forgets what
+    it knew, and the record is not left to lapse."""
+    core = core_with(4)
+    state = PollState(1)
+
+    def answer(op: Any) -> Any:
+        if type(op) is Batch:
+            return ConnectionFailed("lost")  # thrown into the plan, as a driver raises it
+        return polled([10]) if shard_of(op) == 0 else polled([])
+
+    per_stream, ops = drive(core.sharded_poll(T, N, [S], G, 6, None, None, state), answer)
+    assert [r.offset for r in per_stream[0]] == [10]
+    assert type(ops[-1]) is Batch and state.idle == [{}]
+
+
 @pytest.mark.parametrize("lost", [ConnectionFailed("lost"), NotReplicated("one of two replicas")])
 def test_a_lost_shard_call_with_nothing_handed_out_raises(lost: FelixError) -> None:
     core = core_with(2)
