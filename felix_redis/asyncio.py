@@ -33,7 +33,13 @@ from felix_redis._driver import (
     with_nodes,
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
-from felix_redis.connection import async_client, default_retry_for, resolve_url, watch_connects
+from felix_redis.connection import (
+    ASYNC_POOL_KEEPS_CONNECTIONS,
+    async_client,
+    default_retry_for,
+    resolve_url,
+    watch_connects,
+)
 from felix_redis.constants import ACK_LINGER_S, QUEUED_ACKS_MAX
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, redact_url
 from felix_redis.keys import check_record_key, producer_public_id
@@ -118,7 +124,8 @@ class AsyncClient(_AwaitsToItself):
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.core.cluster = self._cluster
-        watch_connects(redis_client, self._connected)
+        if ASYNC_POOL_KEEPS_CONNECTIONS:
+            watch_connects(redis_client, self._connected)
         self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         self._pool = lane_pool(redis_client)  # as Client._pool

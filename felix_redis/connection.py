@@ -634,28 +634,62 @@ def async_client(url: str) -> Any:
 
 class _ConnectWatch:
     """One per pool, registered on each of its connections: calls the clients' callbacks
-    back when a connection it saw connected connects again (a first connect is no news)."""
+    back when a connection it saw connected connects again on a new socket (a first
+    connect is no news, nor a connect callback on the same socket: some redis-py
+    versions call them whenever a connection is taken from the pool)."""
 
     def __init__(self) -> None:
         self.callbacks: list[weakref.WeakMethod[Any]] = []
-        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: the socket (sync) or stream writer (asyncio) each connection was last seen on
+        self.seen: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _socket(conn: Any) -> Any:
+        return getattr(conn, "_sock", None) or getattr(conn, "_writer", None)
+
+    def _mark(self, conn: Any, sock: Any) -> None:
+        try:
+            self.seen[conn] = weakref.ref(sock)
+        except TypeError:  # (a socket object that takes no weak reference: its id)
+            self.seen[conn] = id(sock)
 
     def watch(self, conn: Any) -> None:
         if hasattr(conn, "register_connect_callback"):
             conn.register_connect_callback(self.connected)
-            if getattr(conn, "_sock", None) is not None or getattr(conn, "is_connected", False) is True:
-                self.seen.add(conn)  # connected already: its next connect is a reconnect
+            sock = self._socket(conn)
+            if sock is not None:
+                self._mark(conn, sock)  # connected already: a new socket is a reconnect
 
     def connected(self, conn: Any) -> None:
-        if conn not in self.seen:
-            self.seen.add(conn)
-            return
+        sock = self._socket(conn)
+        last = self.seen.get(conn)
+        if sock is None or (last is not None and (last() if callable(last) else last) in (sock, id(sock))):
+            return  # the same socket as before
+        self._mark(conn, sock)
+        if last is None:
+            return  # its first connect
         alive = [ref for ref in self.callbacks if ref() is not None]
         self.callbacks = alive  # (the clients gone are dropped)
         for ref in alive:
             callback = ref()
             if callback is not None:
                 callback(conn)
+
+
+def _redis_major() -> int:
+    try:
+        import redis
+
+        return int(str(redis.__version__).split(".", 1)[0])
+    except (ImportError, ValueError):
+        return 0
+
+
+#: redis.asyncio before 8 connects a pooled connection again on a new socket for every
+#: call the client makes (measured with 7.4), so a reconnect there tells nothing: an
+#: asyncio client watches its pool only from redis-py 8 on (before, a silent reconnect
+#: after a restart is caught by the sharded groups' 30 s re-ask, KNOWN_IDLE_S).
+ASYNC_POOL_KEEPS_CONNECTIONS = _redis_major() >= 8
 
 
 def watch_connects(raw: Any, callback: Any) -> None:
