@@ -25,6 +25,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -417,16 +418,56 @@ def _sentinel_address(sentinel: Any) -> str:
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
+#: How long a primary announced as replaced is passed over when a sentinel still names
+#: it (one that has not heard of the failover yet; sentinels hear of it from each other
+#: within their 2 s hello period): long enough for a lagging sentinel to catch up.
+REPLACED_S = 60.0
+
+
+class _ReplacedPrimaries:
+    """What the Sentinel watch heard: primaries a failover replaced. A sentinel that has
+    not heard of that failover yet names the old primary, still running and taking
+    writes until the sentinels turn it into a replica, and those writes are lost then.
+    redis-py takes the first sentinel's answer; the managers pass over such an answer
+    and ask the next sentinel, for :data:`REPLACED_S` after the announcement (or until
+    an announcement names that primary again)."""
+
+    _replaced: dict[tuple[str, tuple[str, int]], float]
+
+    def note_switch(self, service: str, old: tuple[str, int], new: tuple[str, int]) -> None:
+        """``+switch-master`` said ``service`` moved from ``old`` to ``new``."""
+        book = self.__dict__.setdefault("_replaced", {})
+        book.pop((service, new), None)
+        book[(service, old)] = time.monotonic() + REPLACED_S
+
+    def replaced(self, service: str, state: Any) -> bool:
+        """Whether ``state`` (one sentinel's view of ``service``) names a primary
+        announced as replaced less than :data:`REPLACED_S` ago."""
+        book = self.__dict__.get("_replaced")
+        if not book:
+            return False
+        key = (service, (str(state.get("ip")), int(state.get("port") or 0)))
+        until = book.get(key)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        book.pop(key, None)
+        return False
+
+
 @functools.cache
 def _sentinel_classes() -> tuple[type, type]:
     """redis-py's Sentinel managers, sync and asyncio, whose ``discover_master`` raises
     :class:`SentinelsFailed`. The loop is redis-py's (ask each sentinel in turn, the
-    first that names a healthy primary goes first next time), keeping the errors."""
+    first that names a healthy primary goes first next time), keeping the errors, and
+    passing over a sentinel that still names a primary announced as replaced
+    (:class:`_ReplacedPrimaries`)."""
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.sentinel import Sentinel
 
-    class FelixSentinel(Sentinel):
+    class FelixSentinel(_ReplacedPrimaries, Sentinel):
         def discover_master(self, service_name: str) -> tuple[str, Any]:
             failures: list[tuple[str, BaseException]] = []
             answered: list[str] = []
@@ -438,14 +479,15 @@ def _sentinel_classes() -> tuple[type, type]:
                     continue
                 self.answered_once = True
                 state = masters.get(service_name)
-                if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                if state and self.check_master_state(state, service_name) and not self.replaced(  # type: ignore[no-untyped-call]
+                        service_name, state):
                     self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
                     ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
                     return ip, state["port"]
                 answered.append(_sentinel_address(sentinel))
             raise SentinelsFailed(service_name, failures, answered, not getattr(self, "answered_once", False))
 
-    class AsyncFelixSentinel(AsyncSentinel):
+    class AsyncFelixSentinel(_ReplacedPrimaries, AsyncSentinel):
         async def discover_master(self, service_name: str) -> tuple[str, Any]:
             failures: list[tuple[str, BaseException]] = []
             answered: list[str] = []
@@ -457,7 +499,7 @@ def _sentinel_classes() -> tuple[type, type]:
                     continue
                 self.answered_once = True
                 state = masters.get(service_name)
-                if state and self.check_master_state(state, service_name):
+                if state and self.check_master_state(state, service_name) and not self.replaced(service_name, state):
                     self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
                     ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
                     return ip, state["port"]

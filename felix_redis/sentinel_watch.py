@@ -12,11 +12,14 @@ The sentinels announce each new primary on their ``+switch-master`` channel: the
 of a failover at once, the others when they hear of it (up to their 2 s hello period
 later). A watch subscribes to it on every sentinel, and when an announcement names its
 service it has redis-py's pool ask the sentinels again (``get_master_address``) until
-they give the announced address (a sentinel that has not heard yet still gives the old
-one; bounded by :data:`LOOK_S`): the pool then drops its idle connections to the old
-primary, and a client's lane drops its own before its next call
-(:func:`felix_redis.lane._stale_primary`). So no address is kept outside redis-py's own
-machinery; the watch only tells it when to look, and until when. After (re)subscribing
+they give the announced address (bounded by :data:`LOOK_S`); a sentinel that has not
+heard yet still names the old primary, and the client's Sentinel manager passes over
+that answer for a while (``felix_redis.connection._ReplacedPrimaries``), so neither
+the watch nor a connection made meanwhile goes back to it. The pool then drops its
+idle connections to the old primary, and a client's lane drops its own before its next
+call (:func:`felix_redis.lane._stale_primary`). So no address is kept outside
+redis-py's own machinery; the watch tells it when to look, until when, and which
+answer is out of date. After (re)subscribing
 it looks once, for an announcement it may have missed while it was not listening.
 
 One watch per Sentinel client: a daemon thread for the synchronous client, tasks of the
@@ -33,7 +36,7 @@ import time
 import weakref
 from typing import Any
 
-__all__ = ["AsyncSentinelWatch", "SentinelWatch", "announced", "sentinel_pool"]
+__all__ = ["AsyncSentinelWatch", "SentinelWatch", "announced", "sentinel_pool", "switch"]
 
 log = logging.getLogger("felix_redis.sentinel")
 
@@ -57,18 +60,34 @@ def sentinel_pool(raw: Any) -> Any:
     return pool
 
 
-def announced(message: Any, service: str) -> tuple[str, int] | None:
-    """The new primary's address if ``message`` (a pub/sub message dict) announces one for
-    ``service``: ``+switch-master <name> <old ip> <old port> <new ip> <new port>``."""
+def switch(message: Any, service: str) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """The old and the new primary's addresses if ``message`` (a pub/sub message dict)
+    announces a new one for ``service``:
+    ``+switch-master <name> <old ip> <old port> <new ip> <new port>``."""
     if not isinstance(message, dict) or message.get("type") != "message":
         return None
     data = message.get("data")
     if isinstance(data, bytes):
         data = data.decode("utf-8", "replace")
     parts = data.split() if isinstance(data, str) else []
-    if len(parts) != 5 or parts[0] != service or not parts[4].isdigit():
+    if len(parts) != 5 or parts[0] != service or not parts[2].isdigit() or not parts[4].isdigit():
         return None
-    return parts[3], int(parts[4])
+    return (parts[1], int(parts[2])), (parts[3], int(parts[4]))
+
+
+def announced(message: Any, service: str) -> tuple[str, int] | None:
+    """The new primary's address if ``message`` announces one for ``service``."""
+    pair = switch(message, service)
+    return None if pair is None else pair[1]
+
+
+def _note(pool: Any, service: str, pair: tuple[tuple[str, int], tuple[str, int]]) -> None:
+    """Tells the pool's Sentinel manager (felix_redis.connection's) that ``pair[0]`` was
+    replaced, so it passes over a sentinel that has not heard yet; a manager of the
+    caller's own (``Sentinel.master_for``) has no such memory."""
+    note = getattr(getattr(pool, "sentinel_manager", None), "note_switch", None)
+    if note is not None:
+        note(service, *pair)
 
 
 def _same(address: Any, want: tuple[str, int] | None) -> bool:
@@ -111,20 +130,28 @@ class SentinelWatch:
                             self._look(None)  # what was announced while nobody listened
                         continue
                     try:
-                        address = announced(subs[i].get_message(timeout=wait), self.service)
+                        pair = switch(subs[i].get_message(timeout=wait), self.service)
                     except Exception as exc:  # that sentinel failed: subscribe again later
                         log.debug("sentinel watch of %s: %s", self.service, exc)
                         _close(subs[i])
                         subs[i], retry_at[i] = None, time.monotonic() + RETRY_S
                         continue
-                    if address is not None:
-                        self.switches += 1
-                        self._look(address)
+                    if pair is not None:
+                        self.heard(pair)
                 if all(sub is None for sub in subs):
                     self._stop.wait(wait)
         finally:
             for sub in subs:
                 _close(sub)
+
+    def heard(self, pair: tuple[tuple[str, int], tuple[str, int]]) -> None:
+        """An announcement that the primary moved from ``pair[0]`` to ``pair[1]``."""
+        self.switches += 1
+        pool = self._pool()
+        if pool is not None:
+            _note(pool, self.service, pair)
+        del pool
+        self._look(pair[1])
 
     def _subscribe(self, sentinel: Any) -> Any:
         try:
@@ -195,10 +222,9 @@ class AsyncSentinelWatch:
                 await pubsub.subscribe(CHANNEL)
                 await self._look(None)
                 while True:
-                    address = announced(await pubsub.get_message(timeout=POLL_S), self.service)
-                    if address is not None:
-                        self.switches += 1
-                        await self._look(address)
+                    pair = switch(await pubsub.get_message(timeout=POLL_S), self.service)
+                    if pair is not None:
+                        await self.heard(pair)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -208,6 +234,15 @@ class AsyncSentinelWatch:
                     closer = getattr(pubsub, "aclose", None) or pubsub.close
                     await closer()
             await asyncio.sleep(RETRY_S)
+
+    async def heard(self, pair: tuple[tuple[str, int], tuple[str, int]]) -> None:
+        """As :meth:`SentinelWatch.heard`."""
+        self.switches += 1
+        pool = self._pool()
+        if pool is not None:
+            _note(pool, self.service, pair)
+        del pool
+        await self._look(pair[1])
 
     async def _look(self, want: tuple[str, int] | None) -> None:
         deadline = time.monotonic() + LOOK_S

@@ -348,6 +348,11 @@ MUTATIONS: list[Mutation] = [
              "        return isinstance(error, NoPermissionError)",
              "tests/test_overview_reads.py -k refusal",
              "any NOPERM (a refused key, a script's role check) turns the client to EVALSHA for good"),
+    mutation("F2", "failover", "felix_redis/connection.py",
+             "        if time.monotonic() < until:\n            return True\n",
+             "        if time.monotonic() < until:\n            return False\n",
+             "tests/test_sentinel_watch.py -k passed_over",
+             "a sentinel that has not heard of a failover sends clients back to the old primary"),
     # ---- many shards (issue 26): what a sharded group knows of idle shards
     mutation("K1", "shards", "felix_redis/sharded.py",
              "        for shard in moved:\n            idle.pop(shard, None)\n            cands.add(shard)\n",

@@ -87,3 +87,48 @@ def test_a_handed_over_primary_is_left_at_once_sync_and_asyncio(topology: Sentin
         c.close()
         loop.run_until_complete(a.close())
         loop.close()
+
+
+def test_a_sentinel_that_has_not_heard_of_the_failover_is_passed_over() -> None:
+    """A sentinel that has not heard of a failover yet still names the old primary, and
+    redis-py takes the first sentinel's answer. Here that sentinel never hears: two
+    sentinels watch two separate servers under one service name, the first (asked
+    first) naming ``old``. After the announcement that the service moved to ``new``,
+    both clients write to ``new`` (their watches look, and their lanes connect anew),
+    and nothing more reaches ``old``: without the managers passing over the out-of-date
+    answer, the look gives up after LOOK_S and the writes go to ``old``."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed")
+    with SentinelTopology(replicas=0, sentinels=1) as lagging, SentinelTopology(replicas=0, sentinels=1) as told:
+        old = ("127.0.0.1", lagging.primary.port)
+        new = ("127.0.0.1", told.primary.port)
+        sentinels = ",".join(f"{h}:{p}" for h, p in lagging.sentinel_addresses + told.sentinel_addresses)
+        url = f"redis+sentinel://{sentinels}/{lagging.service_name}/0"
+        with felix_redis.connect(f"redis://127.0.0.1:{new[1]}") as direct:
+            direct.stream_create(T, N, S, shards=1)
+        c = felix_redis.connect(url)
+        loop = asyncio.new_event_loop()
+        a = loop.run_until_complete(felix_async.connect(url))
+        try:
+            c.stream_create(T, N, S, shards=1)  # on old: the first sentinel names it
+            assert c.publish(T, N, S, b"before").offset == 0
+            loop.run_until_complete(a.publish(T, N, S, b"async before"))
+            assert c._watch is not None and a._watch is not None
+            c._watch.heard((old, new))  # what +switch-master <service> old new brings
+
+            async def asyncio_side() -> None:
+                assert a._watch is not None
+                await a._watch.heard((old, new))
+                await a.publish(T, N, S, b"async after")
+
+            loop.run_until_complete(asyncio_side())
+            c.publish(T, N, S, b"after")
+            assert tuple(c.redis.connection_pool.master_address) == new
+            log = c.core.name(T, N, S).shard_keys(0)[1]
+            with redis.Redis(port=old[1]) as o, redis.Redis(port=new[1]) as n:
+                assert [e[1][b"p"] for e in o.xrange(log)] == [b"before", b"async before"]
+                assert sorted(e[1][b"p"] for e in n.xrange(log)) == [b"after", b"async after"]
+        finally:
+            c.close()
+            loop.run_until_complete(a.close())
+            loop.close()
