@@ -188,9 +188,12 @@ def report_outcome(
     setattr(stats, field, getattr(stats, field) + 1)
     if metrics is not None:
         metrics.finished(outcome, duration, failed)
+    level = OUTCOME_LEVELS[outcome]
+    if not log.isEnabledFor(level):
+        return  # (the line and its fields cost more than the rest: acks log at DEBUG)
     extra = {"felix_job": {"stream": where, "shard": record.shard, "offset": record.offset,
                            "attempts": record.attempts, "outcome": outcome, "duration_s": round(duration, 6)}}
-    log.log(OUTCOME_LEVELS[outcome], job_line(where, record, outcome, duration, detail), extra=extra)
+    log.log(level, job_line(where, record, outcome, duration, detail), extra=extra)
 
 
 class Job:
@@ -436,9 +439,19 @@ class WorkerBase:
         """Starts a handler on the job's record."""
         raise NotImplementedError
 
+    def _dispatch_many(self, jobs: list[Job]) -> None:
+        """:meth:`_dispatch` for several jobs (a runtime may do it in one step)."""
+        for job in jobs:
+            self._dispatch(job)
+
     def _release(self, job: Job) -> None:
         """Forgets a settled job and frees its slot."""
         raise NotImplementedError
+
+    def _release_many(self, jobs: list[Job]) -> None:
+        """:meth:`_release` for several jobs (a runtime may do it in one step)."""
+        for job in jobs:
+            self._release(job)
 
     def _add_finished(self, job: Job, duration: float) -> None:
         """Keeps a job whose handler returned for the next ack."""
@@ -492,8 +505,8 @@ class WorkerBase:
             raise
         if finished:
             self._acked(finished, ACKED)
-        for item in items:
-            self._dispatch(Job(item))
+        if items:
+            self._dispatch_many([Job(item) for item in items])
         if not items and self.burst:
             yield Call(self._burst_check)
 
@@ -565,9 +578,13 @@ class WorkerBase:
 
     def _acked(self, batch: list[Finished], outcome: str, detail: str = "") -> None:
         """Reports the outcome of finished jobs whose ack was sent, and frees their slots."""
-        for job, duration, _ in batch:
-            self._outcome(job.item, outcome, duration, detail)
-            self._release(job)
+        wheres = self._wheres
+        with self._stats_lock:
+            for job, duration, _ in batch:
+                item = job.item
+                metrics = None if self._metrics is None else self._metrics[item.stream]
+                report_outcome(self.stats, metrics, wheres[item.stream], item.record, outcome, duration, detail)
+        self._release_many([job for job, _, _ in batch])
 
     def _heartbeat_timing(self) -> tuple[float, float]:
         """How often a lease is extended, and how often the heartbeat looks."""

@@ -56,6 +56,17 @@ log = logging.getLogger("felix_redis.worker")
 #: here, when they use it.
 ACK_LINGER_S = 0.02
 
+#: A handler whose recent runs took less than this on average (an exponential average
+#: over the last ~16 runs, after at least ``QUICK_RUNS`` runs) runs on the poll loop's
+#: own thread, record after record, instead of being handed to a handler thread per
+#: record: for a handler this quick the hand-over (a queue, a thread woken, the loop
+#: woken back) costs more than the handler. A run longer than ``INLINE_MAX_S`` sends the
+#: rest of the batch, and what follows, back to the handler threads until the average
+#: is low again. Records in flight stay at most ``concurrency`` either way.
+QUICK_HANDLER_S = 0.0005
+INLINE_MAX_S = 0.005
+QUICK_RUNS = 64
+
 
 def import_handler(spec: str) -> Callable[..., Any]:
     """The callable named by ``package.module:function`` (or ``package.module.function``)."""
@@ -123,6 +134,10 @@ class Worker(WorkerBase):
         self._threads: list[threading.Thread] = []
         self._old_handlers: dict[int, Any] = {}
         self._scheduler_stop = threading.Event()
+        # the handler's recent run time (seconds, exponential average) and how many runs
+        # it is made of since the last slow inline run: whether a batch runs inline
+        self._handler_avg = 0.0
+        self._handler_runs = 0
 
     # -- public
 
@@ -196,20 +211,83 @@ class Worker(WorkerBase):
             self._slots.wait(self.poll_wait_s)
 
     def _dispatch(self, job: Job) -> None:
+        self._dispatch_many([job])
+
+    def _dispatch_many(self, jobs: list[Job]) -> None:
         with self._slots:
-            self._jobs.add(job)
+            self._jobs.update(jobs)
             self.stats.in_flight = len(self._jobs)
         if self._metrics:
-            self._metrics[job.item.stream].started()
-        self._queue.put(job)
+            for job in jobs:
+                self._metrics[job.item.stream].started()
+        done = 0
+        if self._handler_runs >= QUICK_RUNS and self._handler_avg < QUICK_HANDLER_S:
+            done = self._run_inline(jobs)
+        for job in jobs[done:]:
+            self._queue.put(job)
+
+    def _run_inline(self, jobs: list[Job]) -> int:
+        """Runs the handler on ``jobs`` on this (the poll loop's) thread, one after
+        another, until one runs longer than ``INLINE_MAX_S`` or the worker stops; returns
+        how many ran (the caller hands the rest to the handler threads). An interrupt
+        raised by the handler (KeyboardInterrupt, SystemExit) hands its record back, the
+        rest to the handler threads (for the shutdown's grace period), and goes on up."""
+        for i, job in enumerate(jobs):
+            if self._stopping.is_set():
+                return i
+            try:
+                took = self._run(job, inline=True)
+            except BaseException:
+                for rest in jobs[i + 1:]:
+                    self._queue.put(rest)
+                if job.settle("handed_back"):
+                    drive(self._hand_back_plan(job))
+                raise
+            if took > INLINE_MAX_S:
+                self._handler_runs = 0  # back to the threads until runs are quick again
+                return i + 1
+        return len(jobs)
+
+    def _run(self, job: Job, inline: bool = False) -> float:
+        """Runs the handler on a job and settles it; returns how long the handler took."""
+        started = time.monotonic()
+        try:
+            if _tracing.process is None:
+                self.handler(job.item.record)
+            else:
+                with _tracing.process(self, job.item):
+                    self.handler(job.item.record)
+        except Exception as exc:
+            took = self._timed(started)
+            drive(self._failed_plan(job, exc))
+        except BaseException as exc:
+            if inline:
+                raise  # (an interrupt on the loop's thread stops the worker, as it would between polls)
+            took = self._timed(started)
+            drive(self._failed_plan(job, exc))  # a thread has no one above it to catch SystemExit
+        else:
+            took = self._timed(started)
+            self._succeeded(job)
+        return took
+
+    def _timed(self, started: float) -> float:
+        """How long since ``started``, counted in the handler's average run time."""
+        took = time.monotonic() - started
+        self._handler_avg += (took - self._handler_avg) / 16
+        self._handler_runs += 1
+        return took
 
     def _release(self, job: Job) -> None:
+        self._release_many([job])
+
+    def _release_many(self, jobs: list[Job]) -> None:
         with self._slots:
-            self._jobs.discard(job)
+            self._jobs.difference_update(jobs)
             self.stats.in_flight = len(self._jobs)
             self._slots.notify_all()
         if self._metrics:
-            self._metrics[job.item.stream].released()
+            for job in jobs:
+                self._metrics[job.item.stream].released()
 
     # -- handler threads
 
@@ -218,16 +296,7 @@ class Worker(WorkerBase):
             job = self._queue.get()
             if job is None:
                 return
-            try:
-                if _tracing.process is None:
-                    self.handler(job.item.record)
-                else:
-                    with _tracing.process(self, job.item):
-                        self.handler(job.item.record)
-            except BaseException as exc:  # a thread has no one above it to catch SystemExit
-                drive(self._failed_plan(job, exc))
-            else:
-                self._succeeded(job)
+            self._run(job)
 
     def _add_finished(self, job: Job, duration: float) -> None:
         with self._slots:

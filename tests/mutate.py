@@ -353,6 +353,16 @@ MUTATIONS: list[Mutation] = [
              "        if time.monotonic() < until:\n            return False\n",
              "tests/test_sentinel_watch.py -k passed_over",
              "a sentinel that has not heard of a failover sends clients back to the old primary"),
+    # ---- the Worker's runtime (issue 23): quick handlers on the loop's thread
+    mutation("R1", "runtime", "felix_redis/worker.py",
+             "        if self._handler_runs >= QUICK_RUNS and self._handler_avg < QUICK_HANDLER_S:\n",
+             "        if False:\n",
+             "tests/test_worker.py -k quick_handler",
+             "a quick handler still costs a thread hop per record"),
+    mutation("R2", "runtime", "felix_redis/worker.py",
+             "            if took > INLINE_MAX_S:\n", "            if False:\n",
+             "tests/test_worker.py -k slow_run",
+             "a handler that turned slow keeps running one record at a time on the loop's thread"),
     # ---- many shards (issue 26): what a sharded group knows of idle shards
     mutation("K1", "shards", "felix_redis/sharded.py",
              "        for shard in moved:\n            idle.pop(shard, None)\n            cands.add(shard)\n",

@@ -281,6 +281,119 @@ def test_acks_ride_on_the_next_poll(
     assert c.group_describe(T, N, S, G).lag == 0
 
 
+def test_a_quick_handler_runs_on_the_poll_loops_thread(worker_group: Callable[..., felix_redis.Client]) -> None:
+    """After QUICK_RUNS quick runs on the handler threads, the loop runs the handler
+    itself, record after record (no thread hop per record); every record is still
+    handled once and acked."""
+    from felix_redis.worker import QUICK_RUNS
+
+    c = worker_group(shards=2)
+    total = QUICK_RUNS * 8
+    c.publish_batch(T, N, S, [str(i) for i in range(total)], shard=0)
+    threads: dict[int, str] = {}
+
+    def handler(record: Record) -> None:
+        threads[int(record.payload)] = threading.current_thread().name
+
+    w = Worker(c, T, N, S, G, handler, concurrency=8, burst=True, handle_signals=False)
+    runner = threading.Thread(target=w.run, name="the-loop")
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert sorted(threads) == list(range(total))
+    names = [threads[i] for i in range(total)]
+    assert all(name.startswith("felix-handler-") for name in names[:QUICK_RUNS])
+    # (a run over INLINE_MAX_S, such as a pause of the machine, sends QUICK_RUNS back to the threads)
+    assert names.count("the-loop") >= QUICK_RUNS
+    assert (w.stats.processed, w.stats.failed, w.stats.in_flight) == (total, 0, 0)
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_a_slow_run_sends_the_batch_back_to_the_handler_threads(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    """A handler that was quick turns slow: the first slow run on the loop's thread sends
+    the rest of its batch to the handler threads, where slow runs overlap (concurrency
+    holds), and the loop does not run it again until it is quick again."""
+    from felix_redis.worker import QUICK_RUNS
+
+    c = worker_group()
+    c.publish_batch(T, N, S, ["quick"] * (QUICK_RUNS + 16))
+    lock = threading.Lock()
+    running_now = [0, 0]
+    slow_on: list[str] = []
+    handled = [0]
+
+    def handler(record: Record) -> None:
+        with lock:
+            handled[0] += 1
+        if record.payload == b"slow":
+            with lock:
+                running_now[0] += 1
+                running_now[1] = max(running_now)
+                slow_on.append(threading.current_thread().name)
+            time.sleep(0.1)
+            with lock:
+                running_now[0] -= 1
+
+    w = Worker(c, T, N, S, G, handler, concurrency=8, poll_wait_s=0.2, handle_signals=False)
+    with running(w) as loop:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and w.stats.processed < QUICK_RUNS + 16:
+            time.sleep(0.01)
+        assert w.stats.processed == QUICK_RUNS + 16
+        c.publish_batch(T, N, S, ["slow"] * 8)
+        while time.monotonic() < deadline and w.stats.processed < QUICK_RUNS + 24:
+            time.sleep(0.01)
+        assert w.stats.processed == QUICK_RUNS + 24
+    assert len(slow_on) == 8
+    assert slow_on.count(loop.name) <= 1  # the first slow run, at most
+    assert running_now[1] >= 2
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_an_interrupt_in_a_handler_on_the_loops_thread_stops_the_worker(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    """A KeyboardInterrupt raised by the handler while the loop runs it goes up out of
+    run() as it would between polls; its record is handed back (due again at once) and
+    the rest of its batch is handled by the handler threads in the grace period."""
+    from felix_redis.worker import QUICK_RUNS
+
+    c = worker_group()
+    total = QUICK_RUNS * 4
+    c.publish_batch(T, N, S, [str(i) for i in range(total)])
+    handled: list[int] = []
+    interrupted: list[int] = []
+    raised: list[BaseException] = []
+
+    def handler(record: Record) -> None:
+        if not interrupted and threading.current_thread().name == "the-loop":
+            interrupted.append(int(record.payload))
+            raise KeyboardInterrupt
+        handled.append(int(record.payload))
+
+    w = Worker(c, T, N, S, G, handler, concurrency=8, poll_wait_s=0.2, handle_signals=False)
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, name="the-loop")
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert len(interrupted) == 1 and [type(e) for e in raised] == [KeyboardInterrupt]
+    assert interrupted[0] not in handled
+    assert w.stats.handed_back == 1 and w.stats.in_flight == 0
+    info = c.group_describe(T, N, S, G).shards[0]
+    assert info.in_flight == 0 and info.owed >= 1  # handed back: due again at once
+    # the rest of its batch was handled (else more would have been handed back), and acked
+    assert w.stats.processed == len(handled) >= interrupted[0]
+
+
 def test_a_finished_job_is_acked_while_the_loop_long_polls(
     worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
