@@ -1009,7 +1009,14 @@ class Core:
             block_ms = left_ms
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
-            yield BlockAny(wake_points(keys, reply), block_ms, context)
+            moved = yield BlockAny(wake_points(keys, reply), block_ms, context)
+            if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
+                # the wait ran out (the server's timer may fire a ms early), nothing moved
+                # and nothing fell due within it: a poll now would find what the last one
+                # did (a lapsing lease, a delayed record coming due, the rate window's end
+                # are all due times); the caller's next poll looks again. (A block the
+                # driver cut short, below its socket timeout, leaves time: polled again.)
+                return []
 
     def sharded_poll(
         self,

@@ -1,0 +1,142 @@
+"""Fleets (issue 23): what Redis does per published record while K idle workers
+long-poll one group. One private redis-server, a 1-shard stream; for each K:
+
+- K threads each loop ``group_poll(..., max_records=1, wait=2.0, ack=<what it got>)``
+  (``--mode poll``, one client shared by the threads) or each their own
+  ``group_sharded(...).poll(1, wait=2.0)`` acking what it got (``--mode sharded``);
+- once every thread waits, ``--publishes`` records are published ``--gap-s`` apart:
+  script calls (``FCALL``/``EVALSHA``, the publishes' own included), ``XREAD`` calls and
+  commands per published record, from ``INFO commandstats``, and whether every record
+  was handed out;
+- then ``--idle-s`` quiet seconds: script calls and commands per second, per poller.
+
+    python bench/fleet.py [--pollers 10,100,500] [--mode poll|sharded] [--publishes 20]
+                          [--gap-s 0.25] [--idle-s 4] [--out FILE]
+
+Prints one JSON document (and writes it to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import felix_redis
+from bench.report import emit
+from felix_redis.testing.server import RedisServer
+
+T, N, G = "bench", "fleet", "workers"
+WAIT_S = 2.0
+
+
+def counts(raw: Any) -> dict[str, int]:
+    """Calls so far: all commands, script calls, XREAD and XREADGROUP."""
+    stats = raw.info("commandstats")
+
+    def calls(*names: str) -> int:
+        return sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in names)
+
+    return {"commands": sum(int(v["calls"]) for v in stats.values()), "scripts": calls("fcall", "evalsha", "eval"),
+            "xread": calls("xread"), "xreadgroup": calls("xreadgroup")}
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] - (1 if k == "commands" else 0) for k in after}  # less the INFO itself
+
+
+def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, url: str, raw: Any,
+          stream: str) -> dict[str, Any]:
+    client = felix_redis.connect(url)
+    client.stream_create(T, N, stream, shards=1)
+    client.group_create(T, N, stream, G)
+    stop = threading.Event()
+    got: list[int] = []
+    lock = threading.Lock()
+    waiting = threading.Semaphore(0)
+
+    def loop_poll() -> None:
+        held: list[Any] = []
+        waiting.release()
+        while not stop.is_set():
+            held = client.group_poll(T, N, stream, 0, G, max_records=1, wait=WAIT_S, ack=held)
+            with lock:
+                got.extend(r.offset for r in held)
+        if held:
+            client.group_ack(T, N, stream, 0, G, held)
+
+    def loop_sharded() -> None:
+        group = client.group_sharded(T, N, stream, G)
+        waiting.release()
+        while not stop.is_set():
+            for item in group.poll(1, wait=WAIT_S):
+                with lock:
+                    got.append(item.record.offset)
+                group.ack(item, wait=False)
+        group.close()
+
+    threads = [threading.Thread(target=loop_poll if mode == "poll" else loop_sharded, daemon=True)
+               for _ in range(pollers)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        waiting.acquire()
+    time.sleep(WAIT_S + 0.5)  # every poller is in a wait, past its first one
+    before = counts(raw)
+    for i in range(publishes):
+        client.publish(T, N, stream, f"job-{i}")
+        time.sleep(gap_s)
+    time.sleep(0.5)
+    after = counts(raw)
+    busy = delta(after, before)
+    time.sleep(WAIT_S)  # the acks ride on the pollers' next polls
+    before = counts(raw)
+    time.sleep(idle_s)
+    quiet = delta(counts(raw), before)
+    stop.set()
+    for t in threads:
+        t.join(WAIT_S * 2 + 5)
+    client.close()
+    return {
+        "pollers": pollers,
+        "mode": mode,
+        "handed_out": len(set(got)),
+        "published": publishes,
+        "script_calls_per_record": round(busy["scripts"] / publishes, 2),
+        "xread_per_record": round(busy["xread"] / publishes, 2),
+        "xreadgroup_per_record": round(busy["xreadgroup"] / publishes, 2),
+        "commands_per_record": round(busy["commands"] / publishes, 2),
+        "idle_script_calls_per_s": round(quiet["scripts"] / idle_s, 2),
+        "idle_commands_per_s_per_poller": round(quiet["commands"] / idle_s / pollers, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pollers", default="10,100,500")
+    parser.add_argument("--mode", choices=("poll", "sharded"), default="poll")
+    parser.add_argument("--publishes", type=int, default=20)
+    parser.add_argument("--gap-s", type=float, default=0.25)
+    parser.add_argument("--idle-s", type=float, default=4.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    rows = []
+    with RedisServer(extra=("--maxclients", "2000")) as server:
+        url = f"redis://127.0.0.1:{server.port}"
+        import redis
+
+        raw = redis.Redis(port=server.port)
+        for i, k in enumerate(int(x) for x in args.pollers.split(",")):
+            rows.append(fleet(k, args.mode, args.publishes, args.gap_s, args.idle_s, url, raw, f"s{i}"))
+            print(rows[-1], file=sys.stderr)
+        raw.close()
+    emit({"bench": "fleet", "command": " ".join(sys.argv), "rows": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()
