@@ -68,7 +68,7 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
             with lock:
                 got.extend(r.offset for r in held)
         if held:
-            client.group_ack(T, N, stream, 0, G, held)
+            client.group_ack_many(T, N, stream, 0, G, held)
 
     def loop_sharded() -> None:
         group = client.group_sharded(T, N, stream, G)
