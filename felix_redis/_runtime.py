@@ -506,7 +506,7 @@ class WorkerBase:
         if finished:
             self._acked(finished, ACKED)
         if items:
-            self._dispatch_many([Job(item) for item in items])
+            yield Call(self._dispatch_many, [Job(item) for item in items])
         if not items and self.burst:
             yield Call(self._burst_check)
 

@@ -61,7 +61,7 @@ class AsyncWorker(WorkerBase):
     def _init_runtime(self) -> None:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
-        self._jobs: dict[Job, asyncio.Task[None]] = {}
+        self._jobs: dict[Job, asyncio.Task[float] | None] = {}  # None: run on the loop's own task
         # Jobs whose handler returned, to ack. The next poll takes them along (ack=);
         # the settle task acks those no poll took within ACK_LINGER_S (the loop waits in
         # a long poll), and all of them on shutdown. _settle_wake rouses the settle task.
@@ -71,6 +71,10 @@ class AsyncWorker(WorkerBase):
         self._helpers: list[asyncio.Task[None]] = []
         self._scheduler: asyncio.Task[None] | None = None
         self._signals: list[int] = []
+        # the handler's recent run time and how many runs since the last slow inline one
+        # (as the sync Worker's: felix_redis.worker.QUICK_HANDLER_S)
+        self._handler_avg = 0.0
+        self._handler_runs = 0
 
     # -- public
 
@@ -139,6 +143,34 @@ class AsyncWorker(WorkerBase):
         if self._metrics:
             self._metrics[job.item.stream].started()
 
+    async def _dispatch_many(self, jobs: list[Job]) -> None:  # type: ignore[override]
+        """Starts a task per job, or (a quick handler: felix_redis.worker.QUICK_HANDLER_S)
+        awaits the handler on the loop's own task, job after job, until one runs longer
+        than INLINE_MAX_S or the worker stops; the rest get tasks. Such a job has no task
+        (None in ``_jobs``): a cancellation of run() while it runs leaves it to the
+        shutdown, which hands it back."""
+        done = 0
+        if self._handler_runs >= _worker.QUICK_RUNS and self._handler_avg < _worker.QUICK_HANDLER_S:
+            for job in jobs:
+                if self._stopping.is_set():
+                    break
+                self._jobs[job] = None
+                self.stats.in_flight = len(self._jobs)
+                if self._metrics:
+                    self._metrics[job.item.stream].started()
+                done += 1
+                try:
+                    took = await self._run_job(job)
+                except BaseException:  # a cancellation: the shutdown hands this job back
+                    for rest in jobs[done:]:
+                        self._dispatch(rest)
+                    raise
+                if took > _worker.INLINE_MAX_S:
+                    self._handler_runs = 0
+                    break
+        for job in jobs[done:]:
+            self._dispatch(job)
+
     def _release(self, job: Job) -> None:
         self._jobs.pop(job, None)
         self.stats.in_flight = len(self._jobs)
@@ -148,8 +180,10 @@ class AsyncWorker(WorkerBase):
 
     # -- jobs
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job) -> float:
+        """Runs the handler on a job and settles it; returns how long the handler took."""
         record = job.item.record
+        started = time.monotonic()
         try:
             if _tracing.process is None:
                 await self._call(record)
@@ -157,9 +191,19 @@ class AsyncWorker(WorkerBase):
                 with _tracing.process(self, job.item):
                     await self._call(record)
         except Exception as exc:  # a cancellation (shutdown hands the record back) goes on
+            took = self._timed(started)
             await drive_async(self._failed_plan(job, exc))
         else:
+            took = self._timed(started)
             self._succeeded(job)
+        return took
+
+    def _timed(self, started: float) -> float:
+        """How long since ``started``, counted in the handler's average run time."""
+        took = time.monotonic() - started
+        self._handler_avg += (took - self._handler_avg) / 16
+        self._handler_runs += 1
+        return took
 
     async def _call(self, record: Record) -> None:
         if self.hard_limit_s is None:
@@ -217,11 +261,13 @@ class AsyncWorker(WorkerBase):
 
     async def _shutdown(self) -> None:
         """Lets running handlers finish within the grace period, cancels and hands back the rest."""
-        if self._jobs:
-            await asyncio.wait(list(self._jobs.values()), timeout=self.grace_s)
+        tasks = [task for task in self._jobs.values() if task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.grace_s)
         for job, task in list(self._jobs.items()):
             if job.settle("handed_back"):
-                task.cancel()
+                if task is not None:
+                    task.cancel()
                 await drive_async(self._hand_back_plan(job))
         self._settle_stop = True  # the settle task acks every finished job at once, then ends
         self._settle_wake.set()

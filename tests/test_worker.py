@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import click
 import pytest
@@ -516,6 +517,104 @@ def test_async_worker_cancels_past_the_hard_limit_and_hands_back_on_stop(
     assert w.stats.handed_back == 1
     info = c.group_describe(T, N, S, G)
     assert (info.in_flight, info.owed) == (0, 2)
+
+
+def test_async_worker_awaits_a_quick_handler_on_the_loops_own_task(
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    """After QUICK_RUNS quick runs as tasks of their own, the poll loop awaits the
+    handler itself (no task per record); a run that turned slow sends the rest of its
+    batch back to tasks, where slow runs overlap; every record is handled once, acked."""
+    from felix_redis.worker import QUICK_RUNS
+
+    c = worker_group()
+    total = QUICK_RUNS * 8
+    c.publish_batch(T, N, S, [str(i) for i in range(total)])
+    on_loop: list[int] = []
+    handled: list[int] = []
+    slow = [0, 0]
+
+    async def main() -> AsyncWorker:
+        async with aclient() as client:
+            loop_task: list[asyncio.Task[Any] | None] = [None]
+
+            async def handler(record: Record) -> None:
+                label = -1 if record.payload == b"slow" else int(record.payload)
+                if asyncio.current_task() is loop_task[0]:
+                    on_loop.append(label)
+                if label < 0:
+                    slow[0] += 1
+                    slow[1] = max(slow)
+                    await asyncio.sleep(0.1)
+                    slow[0] -= 1
+                handled.append(label)
+
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=8, poll_wait_s=0.2, handle_signals=False)
+            loop_task[0] = task = asyncio.create_task(w.run())
+            try:
+                deadline = time.monotonic() + 10
+                while w.stats.processed < total and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await client.publish_batch(T, N, S, ["slow"] * 8)
+                while w.stats.processed < total + 8 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            finally:
+                w.stop()
+                await asyncio.wait_for(task, 5)
+            return w
+
+    w = asyncio.run(main())
+    assert sorted(h for h in handled if h >= 0) == list(range(total)) and handled.count(-1) == 8
+    assert not [i for i in on_loop if 0 <= i < QUICK_RUNS]  # the first runs were tasks of their own
+    assert on_loop.count(-1) <= 1  # the first slow run, at most
+    assert len(on_loop) >= QUICK_RUNS  # (a run over INLINE_MAX_S sends QUICK_RUNS back to tasks)
+    assert slow[1] >= 2  # the first slow run on the loop sent the rest to tasks, which overlap
+    assert (w.stats.processed, w.stats.in_flight) == (total + 8, 0)
+    assert c.group_describe(T, N, S, G).lag == 0
+
+
+def test_async_worker_cancelled_during_a_handler_on_the_loops_task_hands_it_back(
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    """run() cancelled while the loop awaits a handler itself: the cancellation goes on
+    up out of run(), and that record is handed back (due again at once), not left to
+    its lease."""
+    from felix_redis.worker import QUICK_RUNS
+
+    c = worker_group()
+    c.publish_batch(T, N, S, ["quick"] * (QUICK_RUNS + 8))
+    stuck: list[bool] = []
+
+    async def main() -> tuple[AsyncWorker, bool]:
+        async with aclient() as client:
+            loop_task: list[asyncio.Task[Any] | None] = [None]
+
+            async def handler(record: Record) -> None:
+                if record.payload == b"stuck" and asyncio.current_task() is loop_task[0]:
+                    stuck.append(True)
+                    await asyncio.sleep(30)
+
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=8, poll_wait_s=0.2, grace_s=0.2,
+                            handle_signals=False)
+            loop_task[0] = task = asyncio.create_task(w.run())
+            deadline = time.monotonic() + 10
+            while w.stats.processed < QUICK_RUNS + 8 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await client.publish(T, N, S, "stuck")
+            while not stuck and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            try:
+                await asyncio.wait_for(task, 5)
+            except asyncio.CancelledError:
+                return w, True
+            return w, False
+
+    w, cancelled = asyncio.run(main())
+    assert stuck == [True] and cancelled
+    assert w.stats.handed_back == 1 and w.stats.in_flight == 0
+    info = c.group_describe(T, N, S, G)
+    assert (info.in_flight, info.owed) == (0, 1)
 
 
 # -- CLI wiring
