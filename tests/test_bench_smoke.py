@@ -242,6 +242,23 @@ def test_shard_count_figures_run_end_to_end() -> None:
     assert 0 < row["idle_commands_per_s_per_poller"] <= 1.0
 
 
+def test_fleet_figures_run_end_to_end() -> None:
+    """bench/fleet.py with tiny numbers: every record published to a few idle pollers is
+    handed out, and the per-record figures count the publishes' own script calls."""
+    sys.path.insert(0, str(ROOT))
+    from bench import fleet
+
+    with RedisServer() as server:
+        raw = redis.Redis.from_url(server.url)
+        row = fleet.fleet(3, "poll", 3, 0.1, 1.0, server.url, raw, "f0")
+        sharded = fleet.fleet(3, "sharded", 3, 0.1, 1.0, server.url, raw, "f1")
+        raw.close()
+    for r in (row, sharded):
+        assert r["handed_out"] == r["published"] == 3
+        assert r["script_calls_per_record"] >= 2  # the publish, and the poll that handed it out
+        assert r["xread_per_record"] >= 1
+
+
 def test_round_trip_figures_run_end_to_end() -> None:
     """bench/roundtrip.py with tiny numbers: every part reports a round trip and a server
     time, and the spinning function's server time grows with its spins."""
