@@ -17,6 +17,7 @@ from shutil import which as shutil_which
 import pytest
 import redis
 
+import felix_redis
 from felix_redis.testing.server import RedisServer, redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,6 +258,21 @@ def test_fleet_figures_run_end_to_end() -> None:
         assert r["handed_out"] == r["published"] == 3
         assert r["script_calls_per_record"] >= 2  # the publish, and the poll that handed it out
         assert r["xread_per_record"] >= 1
+
+
+def test_runtime_cpu_figures_run_end_to_end() -> None:
+    """bench/runtime_cpu.py with tiny numbers: every way drains every record, and reports
+    a rate and a CPU time per job."""
+    sys.path.insert(0, str(ROOT))
+    from bench import runtime_cpu
+
+    with RedisServer() as server:
+        for i, way in enumerate(runtime_cpu.WAYS):
+            rate, cpu = runtime_cpu.measure(way, server.url, f"r{i}", 320, 4, 1)
+            assert rate > 0 and cpu > 0, way
+        with felix_redis.connect(server.url) as client:
+            for i in range(len(runtime_cpu.WAYS)):
+                assert client.group_describe(runtime_cpu.T, runtime_cpu.N, f"r{i}", runtime_cpu.G).lag == 0
 
 
 def test_round_trip_figures_run_end_to_end() -> None:
