@@ -66,7 +66,7 @@ def mark_end() -> None:
 
 
 def poll_ack(client: felix_redis.Client, stream: str, records: int, concurrency: int) -> None:
-    done, prev = 0, []
+    done, prev = 0, []  # type: tuple[int, list[Any]]
     while done < records:
         prev = client.group_poll(T, N, stream, 0, G, max_records=16, wait=1.0, ack=prev)
         done += len(prev)
