@@ -394,6 +394,11 @@ class WorkerBase:
         self._metrics: dict[str, BoundWorkerMetrics] | None = None if metrics is None else {
             name: metrics.bind(tenant, namespace, name, group) for name in self.streams}
         self._stats_lock = threading.Lock()  # handler threads report at once; uncontended in asyncio
+        # the handler's recent run time (seconds, exponential average) and how many runs
+        # it is made of since the last slow inline run: whether a batch runs inline
+        # (felix_redis.worker.QUICK_HANDLER_S)
+        self._handler_avg = 0.0
+        self._handler_runs = 0
         # one stream's name as given, and weights only when there are: a client of one's
         # own with the older group_sharded signature keeps working
         where = self.stream if len(self.streams) == 1 else self.streams
@@ -438,6 +443,13 @@ class WorkerBase:
     def _dispatch(self, job: Job) -> None:
         """Starts a handler on the job's record."""
         raise NotImplementedError
+
+    def _timed(self, started: float) -> float:
+        """How long since ``started``, counted in the handler's average run time."""
+        took = time.monotonic() - started
+        self._handler_avg += (took - self._handler_avg) / 16
+        self._handler_runs += 1
+        return took
 
     def _dispatch_many(self, jobs: list[Job]) -> None:
         """:meth:`_dispatch` for several jobs (a runtime may do it in one step)."""

@@ -71,10 +71,6 @@ class AsyncWorker(WorkerBase):
         self._helpers: list[asyncio.Task[None]] = []
         self._scheduler: asyncio.Task[None] | None = None
         self._signals: list[int] = []
-        # the handler's recent run time and how many runs since the last slow inline one
-        # (as the sync Worker's: felix_redis.worker.QUICK_HANDLER_S)
-        self._handler_avg = 0.0
-        self._handler_runs = 0
 
     # -- public
 
@@ -196,13 +192,6 @@ class AsyncWorker(WorkerBase):
         else:
             took = self._timed(started)
             self._succeeded(job)
-        return took
-
-    def _timed(self, started: float) -> float:
-        """How long since ``started``, counted in the handler's average run time."""
-        took = time.monotonic() - started
-        self._handler_avg += (took - self._handler_avg) / 16
-        self._handler_runs += 1
         return took
 
     async def _call(self, record: Record) -> None:

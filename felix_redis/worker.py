@@ -134,10 +134,6 @@ class Worker(WorkerBase):
         self._threads: list[threading.Thread] = []
         self._old_handlers: dict[int, Any] = {}
         self._scheduler_stop = threading.Event()
-        # the handler's recent run time (seconds, exponential average) and how many runs
-        # it is made of since the last slow inline run: whether a batch runs inline
-        self._handler_avg = 0.0
-        self._handler_runs = 0
 
     # -- public
 
@@ -268,13 +264,6 @@ class Worker(WorkerBase):
         else:
             took = self._timed(started)
             self._succeeded(job)
-        return took
-
-    def _timed(self, started: float) -> float:
-        """How long since ``started``, counted in the handler's average run time."""
-        took = time.monotonic() - started
-        self._handler_avg += (took - self._handler_avg) / 16
-        self._handler_runs += 1
         return took
 
     def _release(self, job: Job) -> None:
