@@ -36,14 +36,15 @@ WAIT_S = 2.0
 
 
 def counts(raw: Any) -> dict[str, int]:
-    """Calls so far: all commands, script calls, XREAD and XREADGROUP."""
+    """Calls so far: all commands, script calls, XREAD, XREADGROUP and BZPOPMIN (the
+    followers' wait on the group's bell)."""
     stats = raw.info("commandstats")
 
     def calls(*names: str) -> int:
         return sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in names)
 
     return {"commands": sum(int(v["calls"]) for v in stats.values()), "scripts": calls("fcall", "evalsha", "eval"),
-            "xread": calls("xread"), "xreadgroup": calls("xreadgroup")}
+            "xread": calls("xread"), "xreadgroup": calls("xreadgroup"), "bzpopmin": calls("bzpopmin")}
 
 
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -110,8 +111,13 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
         "script_calls_per_record": round(busy["scripts"] / publishes, 2),
         "xread_per_record": round(busy["xread"] / publishes, 2),
         "xreadgroup_per_record": round(busy["xreadgroup"] / publishes, 2),
+        "bzpopmin_per_record": round(busy["bzpopmin"] / publishes, 2),
         "commands_per_record": round(busy["commands"] / publishes, 2),
         "idle_script_calls_per_s": round(quiet["scripts"] / idle_s, 2),
+        # client-sent calls (script calls, blocking reads and waits on the bell; not the
+        # commands the scripts run inside) per poller per wait period
+        "idle_calls_per_wait_per_poller": round(
+            (quiet["scripts"] + quiet["xread"] + quiet["xreadgroup"] + quiet["bzpopmin"]) / idle_s * WAIT_S / pollers, 3),
         "idle_commands_per_s_per_poller": round(quiet["commands"] / idle_s / pollers, 3),
     }
 

@@ -67,11 +67,13 @@ READ_COMMANDS = (
 #: data; without them a role user cannot connect to a Cluster at all.
 CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "command", "asking")
 #: Granted to the group roles on their group's keys only (one selector): what the group
-#: scripts write with. No role but stream.admin may DEL a key outside its own group.
-GROUP_WRITE_COMMANDS = ("hset", "hdel", "zadd", "zrem", "xadd", "del")
+#: scripts write with, and BZPOPMIN: a long poll waits on its group's bell (a zset; from
+#: the group's other zsets the role could ZREM already). No role but
+#: stream.admin may DEL a key outside its own group.
+GROUP_WRITE_COMMANDS = ("hset", "hdel", "zadd", "zrem", "xadd", "del", "bzpopmin")
 #: Granted to stream.admin on every key of its stream.
 ADMIN_WRITE_COMMANDS = (
-    "hset", "hdel", "sadd", "srem", "zadd", "zrem", "zremrangebyscore", "xadd", "xtrim", "del",
+    "hset", "hdel", "sadd", "srem", "zadd", "zrem", "zremrangebyscore", "xadd", "xtrim", "del", "bzpopmin",
 )
 #: Every write command some role holds (on its own keys only).
 WRITE_COMMANDS = ADMIN_WRITE_COMMANDS

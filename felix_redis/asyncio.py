@@ -352,6 +352,8 @@ class AsyncClient(_AwaitsToItself):
             return await self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, each on its node, at once; the
         # first answer wins.
+        if op.bell is not None:
+            return await self.redis.get_node_from_key(op.bell).execute_command(*calls[0])
         nodes = [self.redis.get_node_from_key(args[6]) for args in calls]
         if len(calls) == 1:
             return await nodes[0].execute_command(*calls[0])

@@ -401,6 +401,8 @@ class Client:
             return self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, each on its node, at once; the
         # first answer wins.
+        if op.bell is not None:
+            return self._node(op.bell).execute_command(*calls[0])
         targets = [self._node(args[6]).execute_command for args in calls]
         if len(calls) == 1:
             return targets[0](*calls[0])

@@ -101,3 +101,7 @@ MAX_STREAM_WEIGHT = 1000
 #: visibility timeout), or at once when this many are queued.
 ACK_LINGER_S = 0.005
 QUEUED_ACKS_MAX = 1_000
+
+#: How long a group's watch outlives the watcher's wait (ms): the gap a watcher may leave
+#: between one long poll and the next before another waiter takes the watch over.
+WATCH_MARGIN_MS = 1000

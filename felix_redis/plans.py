@@ -62,18 +62,23 @@ class BlockAny:
     or the streams that did, as :func:`moved_keys` reads them; on Cluster those of the
     slot that answered first), or :attr:`FAILED` after a failed block: the next poll
     then reports any real failure. A driver may return early (it caps blocks below its
-    socket timeout)."""
+    socket timeout). With ``bell`` (a group's bell key, ``streams`` empty) it waits on
+    the bell instead: one BZPOPMIN, answered as the pop (None: nothing rang); a user
+    without the command gets PermissionDenied thrown in."""
 
-    __slots__ = ("block_ms", "context", "streams")
+    __slots__ = ("bell", "block_ms", "context", "streams")
 
     #: what a driver answers for a block that failed (the connection was lost): the
     #: plan cannot tell what moved while it was not looking
     FAILED: Any = object()
 
-    def __init__(self, streams: list[tuple[str, str]], block_ms: int, context: str = "") -> None:
+    def __init__(
+        self, streams: list[tuple[str, str]], block_ms: int, context: str = "", bell: str | None = None
+    ) -> None:
         self.streams = streams
         self.block_ms = block_ms
         self.context = context
+        self.bell = bell
 
 
 class Batch:
@@ -118,6 +123,7 @@ RETRY_SAFE_SCRIPTS = frozenset({
 RETRY_SAFE_COMMANDS = frozenset({
     "INFO", "EXISTS", "TYPE", "SMEMBERS", "SADD", "ZRANGE", "ZADD", "ZREM", "PING", "HGETALL",
     "XREAD",  # a sharded poll's look at idle shards' wake points (never blocking in a Batch)
+    "DEL",  # a deleted group's bell (deleting twice is deleting once)
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
 #: is under way); treated like a lost connection.
@@ -192,7 +198,10 @@ def moved_keys(reply: Any) -> set[str]:
 
 def xread_calls(op: BlockAny, keyslot: Any, max_block_ms: int) -> list[list[Any]]:
     """The XREAD BLOCK commands for ``op``: one when every key shares a slot, else one
-    per slot (Redis Cluster), each blocking at most ``max_block_ms``."""
+    per slot (Redis Cluster), each blocking at most ``max_block_ms``; for a bell, its
+    one BZPOPMIN (timeout in seconds)."""
+    if op.bell is not None:
+        return [["BZPOPMIN", op.bell, min(op.block_ms, max_block_ms) / 1000]]
     by_slot: dict[int, list[tuple[str, str]]] = {}
     for key, last in op.streams:
         by_slot.setdefault(keyslot(key) if keyslot else 0, []).append((key, last))

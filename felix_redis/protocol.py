@@ -9,9 +9,12 @@ asyncio.py), so argument building, reply parsing, validation and multi-step logi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -162,6 +165,21 @@ def dead_letters_of(reply: list[Any], shard: int, context: str) -> list[DeadLett
     return out
 
 
+#: This process' part of a long-poller's name in a group's watch (lua/group_poll.lua).
+_WAITER_TOKEN = f"{random.getrandbits(40):010x}"
+
+
+def _waiter() -> str:
+    """The name of the thread, or asyncio task, running a long poll: the same for each
+    poll it makes, so a watcher that polls again keeps the watch."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    ident = id(task) if task is not None else threading.get_ident()
+    return f"{os.getpid():x}.{_WAITER_TOKEN}.{ident:x}"
+
+
 class Core:
     """Builds plans. Holds the key prefix and defaults, the round-robin counter, and
     three collaborators: :attr:`cache` (names, keys, stream settings), :attr:`producers`
@@ -191,6 +209,9 @@ class Core:
         #: (it may have retried through it unseen by the plan): what a sharded group knows
         #: of its shards from before may be stale (the server may have rolled back)
         self.epoch = 0
+        # long polls share a group's watch through its bell (group_poll); off for a user
+        # whose ACL predates the bell (BZPOPMIN refused)
+        self.bells = True
         self.producers = ProducerPool()
         self.retention = Retention()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -533,6 +554,7 @@ class Core:
                         "stream_delete", keys, [len(groups), *groups],
                         f"stream {name.path} shard {shard}", settings.replicas,
                     )
+                    yield from self.ring_off(name, shard, groups)
                     break
                 except NotReplicated as exc:  # deleted on the primary: on to the next shard
                     unconfirmed = unconfirmed or exc
@@ -946,6 +968,16 @@ class Core:
         if not existed:
             raise NotFound(f"group {group} on stream {name.path} does not exist")
         yield from self.each_shard(ops(0))
+        for shard in range(settings.shards):
+            yield from self.ring_off(name, shard, [group])
+
+    def ring_off(self, name: StreamName, shard: int, groups: Iterable[str]) -> Plan[None]:
+        """Deletes the bells of deleted groups on a shard (lua/group_poll.lua: a zset of
+        at most one member, left by the last poll that rang it). The delete scripts do not
+        take them: a poll that rang a bell after this fails, its group being gone."""
+        bells = [f"{name.group_key_list(shard, g)[0]}:bell" for g in groups]
+        for bell in bells:
+            yield Cmd("DEL", bell, key=bell)
 
     def group_op(
         self, tenant: str, namespace: str, stream: str, shard: object, group: str
@@ -990,8 +1022,19 @@ class Core:
         if ack is not None:
             args += ack_offsets(ack, shard)
         again = 0
+        # a long poll takes part in the group's watch (lua/group_poll.lua): one waiter
+        # blocks on the log, the others on the bell, so a record wakes one of them
+        bell = f"{keys[2]}:bell" if wait_ms > 0 and self.bells else None
+        bell_keys = [*keys, bell] if bell else keys
+        waiter = _waiter() if bell else ""
         while True:
-            reply = yield Eval("group_poll", keys, args, context, settings.replicas)
+            watching = bell is not None and self.bells
+            if watching:
+                ttl = max(1, int((deadline - time.monotonic()) * 1000)) + C.WATCH_MARGIN_MS
+                call = [args[0], args[1], f"{args[2]} {waiter} {ttl}", *args[3:]]
+                reply = yield Eval("group_poll", bell_keys, call, context, settings.replicas)
+            else:
+                reply = yield Eval("group_poll", keys, args, context, settings.replicas)
             count = int(reply[4])
             due = int(reply[1])
             # nothing handed out but something due now (the scan stopped at its bound in a
@@ -1009,7 +1052,18 @@ class Core:
             block_ms = left_ms
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
-            moved = yield BlockAny(wake_points(keys, reply), block_ms, context)
+            if watching and int(reply[5]) == 2:
+                # another waiter watches: wait for the bell, or for the watch to lapse
+                # (its watcher died or stopped polling: this poll may take it over)
+                block_ms = max(1, min(block_ms, int(reply[6]) - int(reply[0]) + 1))
+                try:
+                    moved = yield BlockAny([], block_ms, context, bell=bell)
+                except PermissionDenied:
+                    # a user made before bells were granted: every waiter watches
+                    self.bells = False
+                    continue
+            else:
+                moved = yield BlockAny(wake_points(keys, reply), block_ms, context)
             if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                 # the wait ran out (the server's timer may fire a ms early), nothing moved
                 # and nothing fell due within it: a poll now would find what the last one

@@ -9,9 +9,15 @@
 -- KEYS[1]..KEYS[13]: the group key block (lua/includes/group.lua says what each key holds)
 -- KEYS[14] due         zset: the shard's due index (optional: without it, delivery times
 --                      are not waited for; lua/includes/group.lua)
+-- KEYS[15] bell        zset: the group's bell, PREFIX:{TAG}:g:GROUP:bell (only with a
+--                      WAITER): at most one member 't', score 0, a wake-up waiting
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
--- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once
+-- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once;
+--                      'RECLAIM WAITER TTL_MS' (RECLAIM '0' or '1'): a long poll's call,
+--                      by waiter WAITER (1..64 of [A-Za-z0-9_.-], one per polling thread
+--                      or task), that takes part in electing the group's watcher (below)
+--                      for TTL_MS (1..999999999 ms); it needs KEYS[15]
 -- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
 --                      polling, as group_ack does (one round trip for both), except
 --                      that they go all together: one never delivered fails the poll
@@ -23,9 +29,18 @@
 -- (as first deliveries, by due time, after the due redeliveries); an expired record is
 -- dead-lettered with reason 'expired' instead of being handed out. A rate limit (group
 -- field rate) caps the hand-outs per window.
+-- Fleets: of the long-pollers of a group on a shard, one at a time (the watcher, held in
+-- the group field lead until its TTL_MS lapse) blocks on the log and the wake stream;
+-- the others block on the bell (BZPOPMIN). A call with a WAITER that hands out nothing
+-- becomes (or stays) the watcher when there is none live; one that hands out records
+-- gives up the watch, and rings the bell (one member: one follower wakes) when nobody
+-- watches then, so a burst is passed along one poller at a time and someone watches
+-- again once the records are gone. A watcher that dies is replaced when its TTL_MS lapse.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none;
--- {key, headers, due ms, expiry ms} for a record with any of the last three), payload}.
+-- {key, headers, due ms, expiry ms} for a record with any of the last three), payload},
+-- and with a WAITER two more: its role (1 the watcher, 2 a follower, 0 handed records)
+-- and the watch's expiry (ms; 0: none).
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group;
 -- an offset to ack never delivered), FELIX_INVALID, FELIX_WRONGTYPE. All arguments,
 -- the acks' offsets included, are checked before anything is written.
@@ -35,7 +50,22 @@
 --- @include "due"
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
-local consumer, reclaim = ARGV[2], ARGV[3] == '1'
+local consumer, reclaim = ARGV[2], s_sub(ARGV[3], 1, 1) == '1'
+local waiter, watch_ttl, bell = false, 0, false
+if #ARGV[3] > 1 then
+  local r, w, t = s_match(ARGV[3], '^([01]) ([%w_.%-]+) (%d+)$')
+  if not r or #w > 64 or #t > 9 or tonumber(t) < 1 then
+    fail('INVALID', "ARGV[3] must be '0', '1' or 'RECLAIM WAITER TTL_MS', got " .. s_sub(ARGV[3], 1, 80))
+  end
+  waiter, watch_ttl = w, tonumber(t)
+  bell = passed_bell_key()
+  if not bell then fail('INVALID', "a poll with a WAITER takes the group's bell key after the key block") end
+  local nb = redis.pcall('ZCARD', bell)
+  if type(nb) == 'table' then
+    expect_type(bell, 'zset')
+    error(nb, 0)
+  end
+end
 if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
 local acks, ack_offs = nil, nil
 if #ARGV > 3 then acks, ack_offs = offset_args(4) end
@@ -521,4 +551,31 @@ if rate_left == 0 then
   end
 end
 out[5] = n
+-- The watch (see the header): written only here, after every check passed.
+if waiter then
+  local holder, lexp = false, 0
+  local lead = S.loaded[11]
+  if lead then
+    local w, e = s_match(lead, '^(%S+) (%d+)$')
+    if w then holder, lexp = w, tonumber(e) end
+  end
+  local live = holder and lexp > now
+  local role = 0
+  if n == 0 then
+    role = 2
+    if not live or holder == waiter then
+      lexp = now + watch_ttl
+      redis.call('HSET', K.group, 'lead', waiter .. ' ' .. fmt(lexp))
+      role = 1
+    end
+  else
+    if holder == waiter then
+      redis.call('HDEL', K.group, 'lead')
+      live, lexp = false, 0
+    end
+    if not live then redis.call('ZADD', bell, 0, 't') end
+  end
+  out[#out + 1] = role
+  out[#out + 1] = lexp
+end
 return out

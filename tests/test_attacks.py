@@ -1015,3 +1015,52 @@ def test_a_meta_emptied_by_a_publisher_is_written_again_by_the_next_publish(
     admin.group_create(*S, "late")
     assert [r.payload for r in admin.read(*S, 0, 0)] == [*FIRST_SIX, b"after"]
     assert drain(admin, "workers") == [*FIRST_SIX, b"after"]
+
+
+# row: group.consume | wait on, ring or empty another group's bell | closed
+@pytest.mark.parametrize("role", ["group.consume", "group.manage"])
+def test_a_group_role_cannot_touch_another_groups_bell(admin: felix_redis.Client, users: Users,
+                                                       admin_raw: redis.Redis, role: str) -> None:
+    """Raw BZPOPMIN, ZADD and DEL on group other's bell are refused, and so is a
+    group_poll (long, with a waiter) crafted to name other's bell among workers' keys."""
+    u = users.make(role, "workers")
+    admin_raw.zadd(group_key("other", "bell"), {"t": 0})
+    for command in [("BZPOPMIN", group_key("other", "bell"), "0.01"), ("ZADD", group_key("other", "bell"), "0", "x"),
+                    ("DEL", group_key("other", "bell")), ("BZPOPMIN", group_key("workers", "bell", tenant="beta"), "0.01")]:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            u.raw.execute_command(*command)
+    with recording(admin) as calls:
+        admin.group_poll(*S, 0, "workers", max_records=6, wait=0.05)
+    real = last_call(calls, "group_poll")
+    assert real.keys[-1] == group_key("workers", "bell") and " " in real.args[2]
+    before = dump_keyspace(admin_raw)
+    forged = real.forged(keys=[*real.keys[:-1], group_key("other", "bell")])
+    with pytest.raises(redis.exceptions.NoPermissionError):  # ACL: a key outside its patterns
+        fcall(u.raw, forged)
+    # the script refuses it too, for a user whose patterns cover both groups
+    with pytest.raises(redis.ResponseError, match="FELIX_INVALID"):
+        fcall(admin_raw, forged)
+    assert dump_keyspace(admin_raw) == before
+    assert admin_raw.zrange(group_key("other", "bell"), 0, -1) == [b"t"]
+    assert drain(admin, "other") == FIRST_SIX
+
+
+# row: group.consume | pop or ring its own group's bell, write its lead field | remains, own group only
+def test_a_consumer_stealing_its_own_groups_rings_only_delays_its_group(
+        admin: felix_redis.Client, users: Users, admin_raw: redis.Redis) -> None:
+    """A consumer of workers forges the watch (a made-up waiter, lapsing in 1.5 s) and
+    pops the ring: a long poll of workers still gets a new record once the forged watch
+    it was told of lapses, nothing is lost; group other still gets everything."""
+    u = users.make("group.consume", "workers")
+    finish(admin, "workers")
+    lapse = int(admin_raw.time()[0]) * 1000 + 1500
+    u.raw.hset(group_key("workers"), "lead", f"forged {lapse}")
+    assert u.raw.execute_command("BZPOPMIN", group_key("workers", "bell"), "0.01") is None
+    got: list[list[felix_redis.Record]] = []
+    thread = threading.Thread(target=lambda: got.append(u.client.group_poll(*S, 0, "workers", wait=8.0)))
+    thread.start()
+    time.sleep(0.3)
+    admin.publish(*S, b"late", shard=0)
+    thread.join(10)
+    assert [r.payload for r in got[0]] == [b"late"]
+    assert drain(admin, "other") == [*FIRST_SIX, b"late"]

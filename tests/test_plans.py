@@ -8,15 +8,24 @@ sequences a failover lost) is stepped exactly, with nothing but Python running.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
 
+import felix_redis.constants as C
 import felix_redis.sharded as sharded_module
 from felix_redis.constants import LEAD_RUN
-from felix_redis.errors import ConnectionFailed, FelixError, NotFound, NotReplicated, SequenceError
+from felix_redis.errors import (
+    ConnectionFailed,
+    FelixError,
+    NotFound,
+    NotReplicated,
+    PermissionDenied,
+    SequenceError,
+)
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
 from felix_redis.models import Published, Record
 from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Sleep
@@ -54,13 +63,14 @@ def info(shards: int, max_len: int = 0) -> list[Any]:
 
 
 def polled(offsets: list[int], *, due: int = -1, now: int = 1000, tail: int = 50,
-           wake: int = 3) -> list[Any]:
+           wake: int = 3, watch: tuple[int, int] | None = None) -> list[Any]:
     """A group_poll reply handing out ``offsets`` (attempts 1): [now, due, tail, wake
-    sequence, count, (ID, attempts, key, payload)*]."""
+    sequence, count, (ID, attempts, key, payload)*], then for a long poll the waiter's
+    role in the watch and the watch's expiry (``watch``)."""
     reply: list[Any] = [now, due, tail, wake, len(offsets)]
     for off in offsets:
         reply += [b"%d-%d" % (off, now), 1, None, b"p%d" % off]
-    return reply
+    return reply + list(watch or ())
 
 
 def calls(op: Any) -> list[Any]:
@@ -122,20 +132,59 @@ def test_a_shard_the_stream_lacks_is_refused_before_any_call() -> None:
 
 def test_long_poll_blocks_on_the_log_and_wake_stream_until_the_first_due_time() -> None:
     core = core_with(1)
-    replies = iter([polled([], due=1250, now=1000, tail=41, wake=9), polled([41])])
+    # the waiter is the group's watcher (role 1): it blocks on the log and wake stream
+    replies = iter([polled([], due=1250, now=1000, tail=41, wake=9, watch=(1, 7000)), polled([41], watch=(0, 0))])
 
     def answer(op: Any) -> Any:
         return None if type(op) is BlockAny else next(replies)
 
     records, ops = drive(core.group_poll(T, N, S, 0, G, 4, wait=5.0, ack=[3, 4]), answer)
     first, block, second = ops
-    assert first.args == [4, "", 0, 3, 4]  # the acks ride on the first call only
-    assert second.args == [4, "", 0]
+    # the acks ride on the first call only; each call names the waiter and its watch's TTL
+    assert first.args[:2] == [4, ""] and first.args[3:] == [3, 4]
+    assert re.fullmatch(r"0 [0-9a-f.]+ (\d+)", first.args[2])
+    assert 5000 < int(first.args[2].split()[2]) <= 5000 + C.WATCH_MARGIN_MS
+    assert second.args[:2] == [4, ""] and len(second.args) == 3
+    assert second.args[2].split()[:2] == first.args[2].split()[:2]  # the same waiter
     keys = first.keys
+    assert keys[-1] == keys[2] + ":bell"
     assert block.streams == [(keys[SHARD_ROLES.index("log")], "41-0"),
                              (keys[len(SHARD_ROLES) + GROUP_ROLES.index("wake")], "9-1")]
     assert block.block_ms == 251  # until the record falls due, not the whole wait
     assert [r.offset for r in records] == [41]
+
+
+def test_a_follower_waits_on_the_bell_until_the_watch_lapses() -> None:
+    core = core_with(1)
+    # another waiter watches until 1300 (role 2): this one waits on the bell, no longer
+    replies = iter([polled([], now=1000, watch=(2, 1300)), polled([7], watch=(0, 0))])
+
+    def answer(op: Any) -> Any:
+        return None if type(op) is BlockAny else next(replies)
+
+    records, ops = drive(core.group_poll(T, N, S, 0, G, 4, wait=5.0), answer)
+    first, block, _second = ops
+    assert block.bell == first.keys[-1] and block.streams == []
+    assert block.block_ms == 301
+    assert [r.offset for r in records] == [7]
+
+
+def test_a_user_without_bzpopmin_falls_back_to_watching() -> None:
+    core = core_with(1)
+    replies = iter([polled([], now=1000, watch=(2, 1300)), polled([], now=1001), polled([7])])
+
+    def answer(op: Any) -> Any:
+        if type(op) is BlockAny:
+            if op.bell is not None:
+                return PermissionDenied("NOPERM this user has no permissions to run the 'bzpopmin' command")
+            return None
+        return next(replies)
+
+    records, ops = drive(core.group_poll(T, N, S, 0, G, 4, wait=5.0), answer)
+    assert [type(op).__name__ for op in ops] == ["Eval", "BlockAny", "Eval", "BlockAny", "Eval"]
+    assert ops[3].bell is None and ops[3].streams  # the log and wake stream, as before
+    assert ops[2].args == [4, "", 0] and ops[2].keys[-1].endswith(":due")  # no waiter, no bell
+    assert not core.bells and [r.offset for r in records] == [7]
 
 
 def test_poll_without_wait_returns_at_once() -> None:

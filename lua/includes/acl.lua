@@ -48,7 +48,7 @@ local function group_shape()
     end
     if shape then
       for i = #keys + 1, #KEYS do
-        if KEYS[i] ~= shape.groups and KEYS[i] ~= shape.due then shape = nil break end
+        if KEYS[i] ~= shape.groups and KEYS[i] ~= shape.due and KEYS[i] ~= shape.bell then shape = nil break end
       end
     end
     if shape then LAST_SHAPE = shape return shape end
@@ -68,13 +68,14 @@ local function group_shape()
     end
     keys[i + 2] = want
   end
-  local groups, due = base .. 'groups', base .. 'due'
+  local groups, due, bell = base .. 'groups', base .. 'due', k3 .. ':bell'
   for i = n + 3, #KEYS do
-    if KEYS[i] ~= groups and KEYS[i] ~= due then
-      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. groups .. ' nor ' .. due)
+    if KEYS[i] ~= groups and KEYS[i] ~= due and KEYS[i] ~= bell then
+      fail('INVALID', 'KEYS[' .. i .. '] is ' .. KEYS[i] .. ', not ' .. groups .. ', ' .. due .. ' nor ' .. bell)
     end
   end
-  shape = {keys = keys, groups = groups, due = due, prefix = prefix, tag = tag, group = group, caps = {}}
+  shape = {keys = keys, groups = groups, due = due, bell = bell, prefix = prefix, tag = tag, group = group,
+           caps = {}}
   if shapes >= 1024 then SHAPES, shapes = {}, 0 end
   SHAPES[k3], shapes = shape, shapes + 1
   LAST_SHAPE = shape
@@ -84,8 +85,8 @@ end
 -- Fails with NOPERM unless the user holds role ('group.consume' or 'group.manage') on
 -- the group whose hash is KEYS[3]. The keys must be exactly that group's keys on one
 -- shard (GROUP_ROLE_TYPES order), so that the role of one group cannot be used on the
--- keys of another group of the same stream; any key after them is the shard's groups set
--- or its due index.
+-- keys of another group of the same stream; any key after them is the shard's groups set,
+-- its due index or the group's bell.
 local function require_group_role(role)
   local shape = group_shape()
   if not redis.acl_check_cmd then return end
@@ -127,6 +128,18 @@ local function passed_due_key()
   local due = shape.due
   for i = #GROUP_ROLE_TYPES + 3, #KEYS do
     if KEYS[i] == due then return due end
+  end
+  return false
+end
+
+-- The group's bell (a zset long-pollers wait on, lua/group_poll.lua) when the caller
+-- passed it among the keys after the group key block, else false.
+local function passed_bell_key()
+  local shape = LAST_SHAPE
+  if not shape or shape.keys[3] ~= KEYS[3] then shape = group_shape() end
+  local bell = shape.bell
+  for i = #GROUP_ROLE_TYPES + 3, #KEYS do
+    if KEYS[i] == bell then return bell end
   end
   return false
 end

@@ -11,7 +11,9 @@
 --                    offset the group started at, the delayed records passed over and
 --                    not yet handed out, and when the cursor stands inside a due time,
 --                    the last offset of it handled) and dpre; rate ('COUNT PER_MS START TAKEN': the limit and the
---                    current window's start (ms) and hand-outs) when rate limited
+--                    current window's start (ms) and hand-outs) when rate limited;
+--                    lead ('WAITER EXPIRY_MS': the long-poller watching for the group,
+--                    lua/group_poll.lua)
 -- KEYS[4] lease      zset: leases, member = the FIRST offset of a range of in-flight
 --                    records (KEYS[13]), score = its expiry (ms)
 -- KEYS[5] owed       zset: offsets waiting for redelivery, score = due time (ms)
@@ -127,7 +129,7 @@ local function load_group(K)
   local mt = typed_call('hash', 'HMGET', K.meta, 'tail', 'tlast', 'dmax')
   local tail_s = mt[1]
   local g = typed_call('hash', 'HMGET', K.group, 'vt', 'max', 'pos', 'next', 'wseq', 'cons', 'trimmed', 'top',
-    'dly', 'rate')
+    'dly', 'rate', 'lead')
   if not tail_s and not g[1] then fail('NOT_FOUND', 'stream (or shard) does not exist') end
   if not g[1] then fail('NOT_FOUND', 'group does not exist') end
   local top_first, top_last = false, false

@@ -1,0 +1,301 @@
+"""Fleets: a record wakes one long-poller, not all of them (issue 23).
+
+Of the long-pollers of a group on a shard one watches (blocks on the log and the wake
+stream), the others wait on the group's bell (BZPOPMIN on a zset); a watcher that takes
+records rings the bell when nobody watches any more (lua/group_poll.lua). These tests
+count the server's script calls per record with many idle pollers, check that a burst
+still spreads over the fleet, that a watcher that stops or dies is replaced, and that
+nothing is lost on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import felix_redis
+import felix_redis.asyncio as faio
+from felix_redis import acl
+from felix_redis.constants import WATCH_MARGIN_MS
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def script_calls(raw: redis.Redis) -> int:
+    stats = raw.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha", "eval"))
+
+
+class Fleet:
+    """``k`` threads, each with its own client (a worker process each), long-polling the
+    group for one record at a time with ``wait``; ``handle(record)`` runs per record, and
+    its ack rides on the thread's next poll."""
+
+    def __init__(self, url: str, k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None):
+        self.url, self.wait, self.handle = url, wait, handle
+        self.got: list[tuple[int, float, int]] = []  # (waiter, when, offset)
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.clients = [felix_redis.connect(url) for _ in range(k)]
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(k)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, i: int) -> None:
+        c = self.clients[i]
+        done: list[felix_redis.Record] = []
+        try:
+            while not self.stop.is_set():
+                # the acks ride on the next poll, as a Worker's do
+                records = c.group_poll(T, N, S, 0, G, max_records=1, wait=self.wait, ack=done)
+                for r in records:
+                    with self.lock:
+                        self.got.append((i, time.monotonic(), r.offset))
+                    self.handle(r)
+                done = records
+        except BaseException as exc:  # reported by close()
+            self.errors.append(exc)
+
+    def offsets(self) -> list[int]:
+        with self.lock:
+            return sorted(o for _, _, o in self.got)
+
+    def wait_for(self, n: int, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while len(self.offsets()) < n and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(self.offsets()) >= n, (self.offsets(), self.errors)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(self.wait + 5)
+            assert not t.is_alive()
+        for c in self.clients:
+            c.close()
+        assert not self.errors, self.errors
+
+
+@pytest.fixture
+def fleet(redis_client: felix_redis.Client, redis_url: str) -> Iterator[Callable[..., Fleet]]:
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G, visibility_timeout_ms=60_000)
+    made: list[Fleet] = []
+
+    def make(k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None) -> Fleet:
+        made.append(Fleet(redis_url, k, wait, handle))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def settle(raw: redis.Redis, seconds: float) -> None:
+    """Waits until the fleet is idle: no script call for ``seconds``."""
+    last = script_calls(raw)
+    for _ in range(40):
+        time.sleep(seconds)
+        now = script_calls(raw)
+        if now == last:
+            return
+        last = now
+    raise AssertionError("the fleet never went idle")
+
+
+@pytest.mark.parametrize("k", [8, 40])
+def test_a_record_wakes_one_of_many_idle_pollers(
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], k: int) -> None:
+    """Counted by the server: with k idle pollers, each record published costs at most 3
+    script calls (the watcher's poll that takes it, the poll of the follower it wakes to
+    watch, the taker's next poll), whatever k is; every record is handed out once."""
+    f = fleet(k, wait=10.0)
+    settle(raw, 0.3)
+    before = script_calls(raw)
+    for i in range(10):
+        redis_client.publish(T, N, S, b"job%d" % i)
+        time.sleep(0.1)
+    f.wait_for(10, timeout=10)
+    settle(raw, 0.3)
+    calls = script_calls(raw) - before - 10  # the publishes' own
+    assert f.offsets() == list(range(10))
+    assert calls <= 3 * 10, calls
+
+
+def test_a_burst_spreads_over_the_fleet(
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet]) -> None:
+    """20 records at once to 10 idle pollers that take 0.5 s each: the bell passes the
+    burst along, so the pollers work on it side by side (a burst woken by no one would
+    take 20 x 0.5 s on the first taker), and none is handed out twice."""
+    f = fleet(10, wait=10.0, handle=lambda r: time.sleep(0.5))
+    settle(raw, 0.3)
+    start = time.monotonic()
+    redis_client.publish_batch(T, N, S, [b"b%d" % i for i in range(20)])
+    f.wait_for(20, timeout=15)
+    assert f.offsets() == list(range(20))
+    takers = {w for w, _, _ in f.got}
+    assert len(takers) >= 6, takers
+    assert max(t for _, t, _ in f.got) - start < 3.0, sorted(t - start for _, t, _ in f.got)
+
+
+def test_a_busy_watcher_hands_the_watch_on(
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet]) -> None:
+    """Two pollers with a long wait: the one that takes the first record stays busy for
+    3 s; the second record, published 0.3 s later, goes to the other one at once (the
+    taker rang the bell, so the other watches now)."""
+    f = fleet(2, wait=20.0, handle=lambda r: time.sleep(3.0) if r.offset == 0 else None)
+    settle(raw, 0.3)
+    redis_client.publish(T, N, S, b"slow")
+    f.wait_for(1, timeout=5)
+    time.sleep(0.3)
+    published = time.monotonic()
+    redis_client.publish(T, N, S, b"quick")
+    f.wait_for(2, timeout=5)
+    (taker_of_0, _, _), (taker_of_1, at, _) = sorted(f.got, key=lambda g: g[2])
+    assert taker_of_0 != taker_of_1
+    assert at - published < 1.0, at - published
+
+
+def test_a_watcher_that_stops_polling_is_replaced(
+        redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    """A poller takes the watch with wait=0.3 and never polls again (a crash, a worker
+    stopped without closing); another, waiting 20 s on the bell, takes the watch over when
+    it lapses (its wait plus WATCH_MARGIN_MS) and gets a record published after that at
+    once, not at the end of its wait."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    quitter = felix_redis.connect(redis_url)
+    assert quitter.group_poll(T, N, S, 0, G, wait=0.3) == []
+    assert raw.hget(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead") is not None
+    got: list[tuple[float, list[felix_redis.Record]]] = []
+    thread = threading.Thread(
+        target=lambda: got.append((0.0, redis_client.group_poll(T, N, S, 0, G, wait=20.0))), daemon=True)
+    thread.start()
+    time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 0.5)
+    published = time.monotonic()
+    redis_client.publish(T, N, S, b"late")
+    thread.join(5)
+    assert not thread.is_alive(), "the follower slept through the lapsed watch"
+    assert time.monotonic() - published < 2.0
+    assert [r.payload for r in got[0][1]] == [b"late"]
+    quitter.close()
+
+
+def test_a_follower_still_wakes_for_a_nack_due_soon(redis_client: felix_redis.Client, redis_url: str) -> None:
+    """A nack with a delay wakes the watcher (the wake stream), which polls when the
+    record falls due: the redelivery is not held up by the followers' bell."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    redis_client.publish(T, N, S, b"again")
+    (held,) = redis_client.group_poll(T, N, S, 0, G)
+    got: list[list[felix_redis.Record]] = []
+    clients = [felix_redis.connect(redis_url) for _ in range(4)]
+    threads = [threading.Thread(target=lambda c=c: got.append(c.group_poll(T, N, S, 0, G, wait=10.0)), daemon=True)
+               for c in clients]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    redis_client.group_nack(T, N, S, 0, G, held, delay=0.5)
+    start = time.monotonic()
+    deadline = start + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got and [r.payload for r in got[0]] == [b"again"]
+    assert 0.4 < time.monotonic() - start < 2.0
+    redis_client.publish_batch(T, N, S, [b"x", b"y", b"z"])
+    for t in threads:
+        t.join(5)
+    assert sorted(r.payload for rs in got for r in rs) == [b"again", b"x", b"y", b"z"]
+    for c in clients:
+        c.close()
+
+
+def test_asyncio_tasks_share_the_watch(
+        redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    """Asyncio: tasks of one client are waiters of their own (one watches, the others
+    wait on the bell): a record costs few script calls, and each is handed out once."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+
+    async def main() -> tuple[list[int], int]:
+        c = faio.connect(redis_url)
+        got: list[int] = []
+        stop = asyncio.Event()
+
+        async def worker() -> None:
+            while not stop.is_set():
+                for r in await c.group_poll(T, N, S, 0, G, max_records=1, wait=2.0):
+                    got.append(r.offset)
+                    await c.group_ack(T, N, S, 0, G, r)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(20)]
+        await asyncio.sleep(0.5)
+        before = script_calls(raw)
+        for i in range(5):
+            redis_client.publish(T, N, S, b"a%d" % i)
+            await asyncio.sleep(0.1)
+        for _ in range(100):
+            if len(got) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        calls = script_calls(raw) - before - 5
+        stop.set()
+        await asyncio.gather(*tasks)
+        await c.close()
+        return sorted(got), calls
+
+    offsets, calls = asyncio.run(main())
+    assert offsets == list(range(5))
+    assert calls <= 3 * 5 + 20, calls  # a wait (2 s) may end for all 20 in the window
+
+
+def test_a_user_without_bzpopmin_still_gets_every_record(
+        redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    """A consumer whose ACL predates the bell (granted without BZPOPMIN) is refused the
+    wait on the bell: it watches the log like every waiter did before, and gets the
+    records."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    # someone else holds the watch, so this poller is a follower and tries the bell
+    raw.hset(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead", f"other {int(time.time() * 1000) + 60_000}")
+    # the role's rules as granted before the bell
+    rules = [r.replace(" +bzpopmin", "") for r in acl.rules("group.consume", T, N, S, G)]
+    assert not any("bzpopmin" in r for r in rules)
+    raw.execute_command(*acl.setuser_args("old", rules, reset=True, password="pw"))
+    try:
+        host, port = raw.connection_pool.connection_kwargs["host"], raw.connection_pool.connection_kwargs["port"]
+        old = felix_redis.connect(f"redis://old:pw@{host}:{port}")
+        thread = threading.Thread(target=lambda: redis_client.publish(T, N, S, b"job"), daemon=True)
+        start = time.monotonic()
+        threading.Timer(0.3, thread.start).start()
+        records = old.group_poll(T, N, S, 0, G, wait=5.0)
+        assert [r.payload for r in records] == [b"job"]
+        assert time.monotonic() - start < 2.0
+        assert not old.core.bells
+        old.close()
+    finally:
+        raw.execute_command("ACL", "DELUSER", "old")
+
+
+def test_deleting_the_group_deletes_its_bell(
+        redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    redis_client.publish(T, N, S, b"job")
+    assert len(redis_client.group_poll(T, N, S, 0, G, wait=1.0)) == 1  # rings: nobody watches
+    bell = f"felix:{{{T}/{N}/{S}/0}}:g:{G}:bell"
+    assert raw.zrange(bell, 0, -1) == [b"t"]
+    redis_client.group_delete(T, N, S, G)
+    assert not raw.exists(bell)
+    redis_client.group_create(T, N, S, G)
+    assert len(redis_client.group_poll(T, N, S, 0, G, wait=1.0)) == 1
+    redis_client.stream_delete(T, N, S)
+    assert raw.keys(f"felix:{{{T}/{N}/{S}/*") == []
