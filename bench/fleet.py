@@ -116,8 +116,8 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
         "idle_script_calls_per_s": round(quiet["scripts"] / idle_s, 2),
         # client-sent calls (script calls, blocking reads and waits on the bell; not the
         # commands the scripts run inside) per poller per wait period
-        "idle_calls_per_wait_per_poller": round(
-            (quiet["scripts"] + quiet["xread"] + quiet["xreadgroup"] + quiet["bzpopmin"]) / idle_s * WAIT_S / pollers, 3),
+        "idle_calls_per_wait_per_poller": round(sum(quiet[k] for k in ("scripts", "xread", "xreadgroup", "bzpopmin"))
+                                                / idle_s * WAIT_S / pollers, 3),
         "idle_commands_per_s_per_poller": round(quiet["commands"] / idle_s / pollers, 3),
     }
 

@@ -10,7 +10,10 @@ trying, is decided here once for both drivers.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import threading
 import time
 from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
@@ -222,3 +225,18 @@ def wake_points(keys: list[str], reply: list[Any]) -> list[tuple[str, str]]:
     happens after the poll has a larger ID, so no wake-up is missed. ``keys``: the
     group's keys on the shard, as a poll takes them."""
     return [(keys[_LOG], f"{int(reply[2])}-0"), (keys[_WAKE], f"{int(reply[3])}-1")]
+
+
+#: This process' part of a long-poller's name in a group's watch (lua/group_poll.lua).
+_WAITER_TOKEN = f"{random.getrandbits(40):010x}"
+
+
+def waiter_name() -> str:
+    """The name of the thread, or asyncio task, running a long poll in a group's watch:
+    the same for each poll it makes, so a watcher that polls again keeps the watch."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    ident = id(task) if task is not None else threading.get_ident()
+    return f"{os.getpid():x}.{_WAITER_TOKEN}.{ident:x}"

@@ -9,12 +9,9 @@ asyncio.py), so argument building, reply parsing, validation and multi-step logi
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -73,6 +70,7 @@ from felix_redis.plans import (
     Sleep,
     retry_delays,
     retry_safe,
+    waiter_name,
     wake_points,
     xread_calls,
 )
@@ -163,21 +161,6 @@ def dead_letters_of(reply: list[Any], shard: int, context: str) -> list[DeadLett
             ) from None
     out.sort(key=lambda d: d.offset)
     return out
-
-
-#: This process' part of a long-poller's name in a group's watch (lua/group_poll.lua).
-_WAITER_TOKEN = f"{random.getrandbits(40):010x}"
-
-
-def _waiter() -> str:
-    """The name of the thread, or asyncio task, running a long poll: the same for each
-    poll it makes, so a watcher that polls again keeps the watch."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    ident = id(task) if task is not None else threading.get_ident()
-    return f"{os.getpid():x}.{_WAITER_TOKEN}.{ident:x}"
 
 
 class Core:
@@ -1026,7 +1009,7 @@ class Core:
         # blocks on the log, the others on the bell, so a record wakes one of them
         bell = f"{keys[2]}:bell" if wait_ms > 0 and self.bells else None
         bell_keys = [*keys, bell] if bell else keys
-        waiter = _waiter() if bell else ""
+        waiter = waiter_name() if bell else ""
         while True:
             watching = bell is not None and self.bells
             if watching:
@@ -1119,7 +1102,7 @@ class Core:
             checked = self.shard_of(source.name, source.settings, shard)
             source.acks[checked] = ack_offsets(refs, checked)
         poll = ShardedPoll(self.cache, group, sources, max_records, wait_ms, consumer, reclaim, state,
-                           None if weights is None else list(weights), self.cluster, lambda: self.epoch)
+                           None if weights is None else list(weights), self.cluster, lambda: self.epoch, self)
         return (yield from poll.run())
 
     def ack_sharded(

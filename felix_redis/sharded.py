@@ -31,11 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
-from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX
-from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
+from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX, WATCH_MARGIN_MS
+from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, PermissionDenied
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
-from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Plan, Sleep, moved_keys, wake_points
+from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Plan, Sleep, moved_keys, waiter_name, wake_points
 from felix_redis.replies import parse_delivered
 
 log = logging.getLogger("felix_redis")
@@ -55,7 +55,7 @@ class PollState:
     the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "epoch", "idle", "lead", "left", "reclaimed", "runs", "urgent")
+    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "reclaimed", "runs", "urgent")
 
     def __init__(self, streams: int) -> None:
         self.cursors = [-1] * streams
@@ -68,6 +68,9 @@ class PollState:
         self.reclaimed: list[set[int]] = [set() for _ in range(streams)]
         self.lead = -1
         self.left = 0
+        #: a one-shard group's long poll that another waiter watches for: until when
+        #: (monotonic) it waits on the group's bell (lua/group_poll.lua); 0: it does not
+        self.follow = 0.0
 
     def forget(self) -> None:
         """After a failure (a lost connection, a failover, an error): nothing is known
@@ -77,6 +80,7 @@ class PollState:
         for urgent in self.urgent:
             urgent.clear()
         self.runs = [0] * len(self.runs)
+        self.follow = 0.0
 
 
 class Source:
@@ -97,17 +101,29 @@ class ShardedPoll:
     checked (:meth:`felix_redis.protocol.Core.sharded_poll`). ``weights``: None for
     strict order, else one positive weight per source. ``state``: the group's
     :class:`PollState`, updated. ``cluster``: keys of different shards may not share
-    a command (Redis Cluster)."""
+    a command (Redis Cluster). ``core``: whose ``bells`` says whether a long poll of a
+    one-shard stream takes part in its group's watch (as ``group_poll`` does: one
+    waiter watches the log, the others wait on the group's bell); None: it does not.
+    (Groups of several shards or streams do not: each idle consumer blocks on the
+    shards' wake points.)"""
 
     def __init__(
         self, cache: Caches, group: str, sources: list[Source], max_records: int, wait_ms: int,
         consumer: str | None, reclaim: bool, state: PollState, weights: list[int] | None = None,
-        cluster: bool = False, epoch: Callable[[], int] | None = None,
+        cluster: bool = False, epoch: Callable[[], int] | None = None, core: Any = None,
     ) -> None:
         self.cache, self.group, self.sources = cache, group, sources
         self.max_records, self.wait_ms = max_records, wait_ms
         self.consumer, self.reclaim, self.state, self.weights = consumer, reclaim, state, weights
         self.cluster, self.epoch = cluster, epoch or (lambda: 0)
+        self.core = core
+        self.bell: str | None = None
+        self.waiter = ""
+        if core is not None and core.bells and wait_ms > 0 and len(sources) == 1 \
+                and sources[0].settings.shards == 1 and sources[0].chosen == [0]:
+            self.bell = f"{cache.group_shard_keys(sources[0].name, 0, group)[0][2]}:bell"
+            self.waiter = waiter_name()
+        self.deadline = 0.0
         paths = ", ".join(source.name.path for source in sources)
         self.context = f"group {group} on stream{'s' if len(sources) > 1 else ''} {paths}"
         # what the current round gathered: records per source (by index), how many
@@ -131,7 +147,7 @@ class ShardedPoll:
             raise
 
     def rounds(self) -> Plan[list[list[Record]]]:
-        deadline = time.monotonic() + self.wait_ms / 1000
+        deadline = self.deadline = time.monotonic() + self.wait_ms / 1000
         again = 0
         while True:
             self.out, self.count = [[] for _ in self.sources], 0
@@ -225,6 +241,18 @@ class ShardedPoll:
                     until = max(1, int((known[1] - now) * 1000) + 1)
                     block_ms = until if block_ms < 0 else min(block_ms, until)
         block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
+        if self.bell is not None and self.state.follow > now and self.core.bells and 0 in self.state.idle[0]:
+            # another waiter watches the group: wait for its bell, or until that watch
+            # lapses; then the shard is asked again (a ring: records came; a lapse: this
+            # poll may take the watch over)
+            block_ms = max(1, min(block_ms, int((self.state.follow - now) * 1000) + 1))
+            self.state.follow = 0.0
+            try:
+                yield BlockAny([], block_ms, self.context, bell=self.bell)
+            except PermissionDenied:
+                self.core.bells = False  # a user granted before the bell: watch the log
+            self.state.idle[0].pop(0, None)
+            return
         if not points:
             yield Sleep(block_ms / 1000)  # nothing to watch (no shard answered yet): look again after
             return
@@ -480,6 +508,11 @@ class ShardedPoll:
             reclaimed.add(shard)
         keys, context = self.cache.group_shard_keys(source.name, shard, self.group)
         args: list[Any] = [want, self.consumer or "", 1 if first else 0]
+        if self.bell is not None and self.core.bells:
+            # a call of the group's watch (lua/group_poll.lua), for the wait left
+            ttl = max(1, int((self.deadline - time.monotonic()) * 1000)) + WATCH_MARGIN_MS
+            args[2] = f"{args[2]} {self.waiter} {ttl}"
+            keys = [*keys, self.bell]
         if shard in source.acks:
             args += source.acks.pop(shard)
         return Eval("group_poll", keys, args, context, source.settings.replicas)
@@ -513,6 +546,14 @@ class ShardedPoll:
             self.cands[source.index].add(shard)
             return True
         at = time.monotonic()
-        self.state.idle[source.index][shard] = (points, float("inf") if due < 0 else at + (due - now) / 1000, at)
+        due_at = float("inf") if due < 0 else at + (due - now) / 1000
+        if self.bell is not None and len(reply) == 7 + 4 * count:
+            # the group's watch: a follower waits on the bell until the watch lapses; the
+            # watcher asks the shard again (keeping the watch) half a margin before that
+            role, lapse_at = int(reply[-2]), at + (int(reply[-1]) - now) / 1000
+            self.state.follow = lapse_at if role == 2 else 0.0
+            if role == 1:
+                due_at = min(due_at, lapse_at - WATCH_MARGIN_MS / 2000)
+        self.state.idle[source.index][shard] = (points, due_at, at)
         self.cands[source.index].discard(shard)
         return False

@@ -1026,7 +1026,8 @@ def test_a_group_role_cannot_touch_another_groups_bell(admin: felix_redis.Client
     u = users.make(role, "workers")
     admin_raw.zadd(group_key("other", "bell"), {"t": 0})
     for command in [("BZPOPMIN", group_key("other", "bell"), "0.01"), ("ZADD", group_key("other", "bell"), "0", "x"),
-                    ("DEL", group_key("other", "bell")), ("BZPOPMIN", group_key("workers", "bell", tenant="beta"), "0.01")]:
+                    ("DEL", group_key("other", "bell")),
+                    ("BZPOPMIN", group_key("workers", "bell", tenant="beta"), "0.01")]:
         with pytest.raises(redis.exceptions.NoPermissionError):
             u.raw.execute_command(*command)
     with recording(admin) as calls:

@@ -37,8 +37,9 @@ class Fleet:
     group for one record at a time with ``wait``; ``handle(record)`` runs per record, and
     its ack rides on the thread's next poll."""
 
-    def __init__(self, url: str, k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None):
-        self.url, self.wait, self.handle = url, wait, handle
+    def __init__(self, url: str, k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None,
+                 sharded: bool = False):
+        self.url, self.wait, self.handle, self.sharded = url, wait, handle, sharded
         self.got: list[tuple[int, float, int]] = []  # (waiter, when, offset)
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
@@ -52,6 +53,16 @@ class Fleet:
         c = self.clients[i]
         done: list[felix_redis.Record] = []
         try:
+            if self.sharded:  # the README's loop: its acks are queued, to ride on the next poll
+                group = c.group_sharded(T, N, S, G)
+                while not self.stop.is_set():
+                    for r in group.poll(1, wait=self.wait):
+                        with self.lock:
+                            self.got.append((i, time.monotonic(), r.offset))
+                        self.handle(r)
+                        group.ack(r, wait=False)
+                group.close()
+                return
             while not self.stop.is_set():
                 # the acks ride on the next poll, as a Worker's do
                 records = c.group_poll(T, N, S, 0, G, max_records=1, wait=self.wait, ack=done)
@@ -89,8 +100,9 @@ def fleet(redis_client: felix_redis.Client, redis_url: str) -> Iterator[Callable
     redis_client.group_create(T, N, S, G, visibility_timeout_ms=60_000)
     made: list[Fleet] = []
 
-    def make(k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None) -> Fleet:
-        made.append(Fleet(redis_url, k, wait, handle))
+    def make(k: int, wait: float, handle: Callable[[felix_redis.Record], Any] = lambda r: None,
+             sharded: bool = False) -> Fleet:
+        made.append(Fleet(redis_url, k, wait, handle, sharded))
         return made[-1]
 
     yield make
@@ -110,13 +122,14 @@ def settle(raw: redis.Redis, seconds: float) -> None:
     raise AssertionError("the fleet never went idle")
 
 
-@pytest.mark.parametrize("k", [8, 40])
+@pytest.mark.parametrize(("k", "sharded"), [(8, False), (40, False), (8, True), (40, True)])
 def test_a_record_wakes_one_of_many_idle_pollers(
-        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], k: int) -> None:
-    """Counted by the server: with k idle pollers, each record published costs at most 3
-    script calls (the watcher's poll that takes it, the poll of the follower it wakes to
-    watch, the taker's next poll), whatever k is; every record is handed out once."""
-    f = fleet(k, wait=10.0)
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], k: int, sharded: bool) -> None:
+    """Counted by the server: with k idle pollers (group_poll, or each its own sharded
+    group of the 1-shard stream, the README's loop), each record published costs at most
+    3 script calls (the watcher's poll that takes it, the poll of the follower it wakes
+    to watch, the taker's next poll), whatever k is; every record is handed out once."""
+    f = fleet(k, wait=6.0, sharded=sharded)
     settle(raw, 0.3)
     before = script_calls(raw)
     for i in range(10):
@@ -129,12 +142,13 @@ def test_a_record_wakes_one_of_many_idle_pollers(
     assert calls <= 3 * 10, calls
 
 
+@pytest.mark.parametrize("sharded", [False, True])
 def test_a_burst_spreads_over_the_fleet(
-        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet]) -> None:
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], sharded: bool) -> None:
     """20 records at once to 10 idle pollers that take 0.5 s each: the bell passes the
     burst along, so the pollers work on it side by side (a burst woken by no one would
     take 20 x 0.5 s on the first taker), and none is handed out twice."""
-    f = fleet(10, wait=10.0, handle=lambda r: time.sleep(0.5))
+    f = fleet(10, wait=6.0, handle=lambda r: time.sleep(0.5), sharded=sharded)
     settle(raw, 0.3)
     start = time.monotonic()
     redis_client.publish_batch(T, N, S, [b"b%d" % i for i in range(20)])
@@ -145,12 +159,13 @@ def test_a_burst_spreads_over_the_fleet(
     assert max(t for _, t, _ in f.got) - start < 3.0, sorted(t - start for _, t, _ in f.got)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
 def test_a_busy_watcher_hands_the_watch_on(
-        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet]) -> None:
+        redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], sharded: bool) -> None:
     """Two pollers with a long wait: the one that takes the first record stays busy for
     3 s; the second record, published 0.3 s later, goes to the other one at once (the
     taker rang the bell, so the other watches now)."""
-    f = fleet(2, wait=20.0, handle=lambda r: time.sleep(3.0) if r.offset == 0 else None)
+    f = fleet(2, wait=8.0, handle=lambda r: time.sleep(3.0) if r.offset == 0 else None, sharded=sharded)
     settle(raw, 0.3)
     redis_client.publish(T, N, S, b"slow")
     f.wait_for(1, timeout=5)
@@ -161,6 +176,27 @@ def test_a_busy_watcher_hands_the_watch_on(
     (taker_of_0, _, _), (taker_of_1, at, _) = sorted(f.got, key=lambda g: g[2])
     assert taker_of_0 != taker_of_1
     assert at - published < 1.0, at - published
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_lone_poller_keeps_its_watch(redis_client: felix_redis.Client, sharded: bool) -> None:
+    """A poller alone whose wait ran out polls again within its watch: it keeps the watch
+    (it does not wait on the bell for its own watch to lapse), so a record published
+    then reaches it at once."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    group = redis_client.group_sharded(T, N, S, G) if sharded else None
+
+    def poll(wait: float) -> list[felix_redis.Record]:
+        if group is not None:
+            return group.poll(1, wait=wait)
+        return redis_client.group_poll(T, N, S, 0, G, wait=wait)
+
+    assert poll(1.5) == []  # the watch, until 1.5 s + WATCH_MARGIN_MS from its call
+    threading.Timer(0.2, lambda: redis_client.publish(T, N, S, b"now")).start()
+    start = time.monotonic()
+    assert [r.payload for r in poll(3.0)] == [b"now"]
+    assert time.monotonic() - start < 0.2 + 0.3
 
 
 def test_a_watcher_that_stops_polling_is_replaced(
@@ -197,7 +233,7 @@ def test_a_follower_still_wakes_for_a_nack_due_soon(redis_client: felix_redis.Cl
     (held,) = redis_client.group_poll(T, N, S, 0, G)
     got: list[list[felix_redis.Record]] = []
     clients = [felix_redis.connect(redis_url) for _ in range(4)]
-    threads = [threading.Thread(target=lambda c=c: got.append(c.group_poll(T, N, S, 0, G, wait=10.0)), daemon=True)
+    threads = [threading.Thread(target=lambda c=c: got.append(c.group_poll(T, N, S, 0, G, wait=4.0)), daemon=True)
                for c in clients]
     for t in threads:
         t.start()
