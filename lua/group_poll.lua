@@ -51,7 +51,7 @@
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], s_sub(ARGV[3], 1, 1) == '1'
-local waiter, watch_ttl, bell = false, 0, false
+local waiter, watch_ttl, bell, rung = false, 0, false, false
 if #ARGV[3] > 1 then
   local r, w, t = s_match(ARGV[3], '^([01]) ([%w_.%-]+) (%d+)$')
   if not r or #w > 64 or #t > 9 or tonumber(t) < 1 then
@@ -65,6 +65,7 @@ if #ARGV[3] > 1 then
     expect_type(bell, 'zset')
     error(nb, 0)
   end
+  rung = nb > 0  -- (a ring nobody took yet: ringing again changes nothing)
 end
 if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
 local acks, ack_offs = nil, nil
@@ -573,7 +574,7 @@ if waiter then
       redis.call('HDEL', K.group, 'lead')
       live, lexp = false, 0
     end
-    if not live then redis.call('ZADD', bell, 0, 't') end
+    if not live and not rung then redis.call('ZADD', bell, 0, 't') end
   end
   out[#out + 1] = role
   out[#out + 1] = lexp
