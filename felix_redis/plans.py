@@ -240,3 +240,18 @@ def waiter_name() -> str:
         task = None
     ident = id(task) if task is not None else threading.get_ident()
     return f"{os.getpid():x}.{_WAITER_TOKEN}.{ident:x}"
+
+
+def read_ring(popped: Any) -> tuple[str, int, int, int] | None:
+    """A ring popped from a group's bell (a BZPOPMIN reply: key, member, score), as
+    lua/group_poll.lua writes it: its id, the log offset and wake sequence to watch
+    from, and in how many ms the next owed record or lease is due (-1: none); None for
+    no pop (a timeout, a failed block) or a member of another form (nothing to take)."""
+    if not popped or popped is BlockAny.FAILED or len(popped) < 2:
+        return None
+    member = popped[1].decode() if isinstance(popped[1], bytes) else str(popped[1])
+    parts = member.split(" ")
+    if len(parts) != 4 or not all(p.lstrip("-").isdigit() for p in parts[1:]) \
+            or not parts[0].replace(".", "").isdigit() or len(parts[0]) > 40:
+        return None
+    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])

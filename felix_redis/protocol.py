@@ -68,6 +68,7 @@ from felix_redis.plans import (
     Plan,
     Retrying,
     Sleep,
+    read_ring,
     retry_delays,
     retry_safe,
     waiter_name,
@@ -195,6 +196,8 @@ class Core:
         # long polls share a group's watch through its bell (group_poll); off for a user
         # whose ACL predates the bell (BZPOPMIN refused)
         self.bells = True
+        #: rings popped and not yet named in a poll, by (waiter, bell key): ' @ID'
+        self.rings: dict[tuple[str, str], str] = {}
         self.producers = ProducerPool()
         self.retention = Retention()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -1010,11 +1013,14 @@ class Core:
         bell = f"{keys[2]}:bell" if wait_ms > 0 and self.bells else None
         bell_keys = [*keys, bell] if bell else keys
         waiter = waiter_name() if bell else ""
+        ring_key = (waiter, bell or "")
         while True:
             watching = bell is not None and self.bells
             if watching:
                 ttl = max(1, int((deadline - time.monotonic()) * 1000)) + C.WATCH_MARGIN_MS
-                call = [args[0], args[1], f"{args[2]} {waiter} {ttl}", *args[3:]]
+                # a ring this waiter popped: this call takes the watch it handed over
+                ring = self.rings.pop(ring_key, "")
+                call = [args[0], args[1], f"{args[2]} {waiter} {ttl}{ring}", *args[3:]]
                 reply = yield Eval("group_poll", bell_keys, call, context, settings.replicas)
             else:
                 reply = yield Eval("group_poll", keys, args, context, settings.replicas)
@@ -1035,18 +1041,32 @@ class Core:
             block_ms = left_ms
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
+            points = wake_points(keys, reply)
             if watching and int(reply[5]) == 2:
-                # another waiter watches: wait for the bell, or for the watch to lapse
-                # (its watcher died or stopped polling: this poll may take it over)
-                block_ms = max(1, min(block_ms, int(reply[6]) - int(reply[0]) + 1))
+                # another waiter watches: wait on the bell, until the wait ends or what
+                # this poll saw falls due (then this poll looks itself: a watcher that
+                # died is replaced by the first poll after its watch lapsed)
                 try:
                     moved = yield BlockAny([], block_ms, context, bell=bell)
                 except PermissionDenied:
                     # a user made before bells were granted: every waiter watches
                     self.bells = False
                     continue
-            else:
-                moved = yield BlockAny(wake_points(keys, reply), block_ms, context)
+                rang = read_ring(moved)
+                if rang is None:
+                    if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
+                        return []  # (as below)
+                    continue
+                # the ring handed this waiter the watch: it watches from the ring's points
+                # (the rest of a burst wakes it at once) and names the ring when it polls
+                ring_id, next_offset, wake_seq, due_in = rang
+                self.rings[ring_key] = f" @{ring_id}"
+                points = wake_points(keys, [0, 0, next_offset, wake_seq])
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0 or due_in == 0:
+                    continue
+                block_ms = left_ms if due_in < 0 else max(1, min(left_ms, due_in + 1))
+            moved = yield BlockAny(points, block_ms, context)
             if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                 # the wait ran out (the server's timer may fire a ms early), nothing moved
                 # and nothing fell due within it: a poll now would find what the last one

@@ -35,7 +35,18 @@ from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX, WATCH_
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, PermissionDenied
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
-from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Plan, Sleep, moved_keys, waiter_name, wake_points
+from felix_redis.plans import (
+    Batch,
+    BlockAny,
+    Cmd,
+    Eval,
+    Plan,
+    Sleep,
+    moved_keys,
+    read_ring,
+    waiter_name,
+    wake_points,
+)
 from felix_redis.replies import parse_delivered
 
 log = logging.getLogger("felix_redis")
@@ -55,7 +66,7 @@ class PollState:
     the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "reclaimed", "runs", "urgent")
+    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "reclaimed", "ring", "runs", "urgent")
 
     def __init__(self, streams: int) -> None:
         self.cursors = [-1] * streams
@@ -68,9 +79,10 @@ class PollState:
         self.reclaimed: list[set[int]] = [set() for _ in range(streams)]
         self.lead = -1
         self.left = 0
-        #: a one-shard group's long poll that another waiter watches for: until when
-        #: (monotonic) it waits on the group's bell (lua/group_poll.lua); 0: it does not
-        self.follow = 0.0
+        #: a one-shard group's long poll that another waiter watches for: it waits on the
+        #: group's bell (lua/group_poll.lua); the ring it popped, to name in its next poll
+        self.follow = False
+        self.ring = ""
 
     def forget(self) -> None:
         """After a failure (a lost connection, a failover, an error): nothing is known
@@ -80,7 +92,7 @@ class PollState:
         for urgent in self.urgent:
             urgent.clear()
         self.runs = [0] * len(self.runs)
-        self.follow = 0.0
+        self.follow = False
 
 
 class Source:
@@ -241,17 +253,28 @@ class ShardedPoll:
                     until = max(1, int((known[1] - now) * 1000) + 1)
                     block_ms = until if block_ms < 0 else min(block_ms, until)
         block_ms = left_ms if block_ms < 0 else min(block_ms, left_ms)
-        if self.bell is not None and self.state.follow > now and self.core.bells and 0 in self.state.idle[0]:
-            # another waiter watches the group: wait for its bell, or until that watch
-            # lapses; then the shard is asked again (a ring: records came; a lapse: this
-            # poll may take the watch over)
-            block_ms = max(1, min(block_ms, int((self.state.follow - now) * 1000) + 1))
-            self.state.follow = 0.0
+        if self.bell is not None and self.state.follow and self.core.bells and 0 in self.state.idle[0]:
+            # another waiter watches the group: wait on its bell (until the wait ends or
+            # the shard's due time); then the shard is asked again (a ring: records
+            # came; else this poll may take over a watch that lapsed)
+            self.state.follow = False
             try:
-                yield BlockAny([], block_ms, self.context, bell=self.bell)
+                popped = yield BlockAny([], block_ms, self.context, bell=self.bell)
             except PermissionDenied:
                 self.core.bells = False  # a user granted before the bell: watch the log
-            self.state.idle[0].pop(0, None)
+                popped = None
+            rang = read_ring(popped)
+            if rang is None or rang[3] == 0:
+                self.state.idle[0].pop(0, None)
+                return
+            # the ring handed this consumer the watch: it watches from the ring's points
+            # (the rest of a burst wakes it at once) and names the ring when it polls
+            ring_id, next_offset, wake_seq, due_in = rang
+            self.state.ring = f" @{ring_id}"
+            keys = self.cache.group_shard_keys(self.sources[0].name, 0, self.group)[0]
+            since = time.monotonic()
+            self.state.idle[0][0] = (wake_points(keys, [0, 0, next_offset, wake_seq]),
+                                     float("inf") if due_in < 0 else since + due_in / 1000, since)
             return
         if not points:
             yield Sleep(block_ms / 1000)  # nothing to watch (no shard answered yet): look again after
@@ -509,9 +532,11 @@ class ShardedPoll:
         keys, context = self.cache.group_shard_keys(source.name, shard, self.group)
         args: list[Any] = [want, self.consumer or "", 1 if first else 0]
         if self.bell is not None and self.core.bells:
-            # a call of the group's watch (lua/group_poll.lua), for the wait left
+            # a call of the group's watch (lua/group_poll.lua), for the wait left, naming
+            # a ring this consumer popped
             ttl = max(1, int((self.deadline - time.monotonic()) * 1000)) + WATCH_MARGIN_MS
-            args[2] = f"{args[2]} {self.waiter} {ttl}"
+            args[2] = f"{args[2]} {self.waiter} {ttl}{self.state.ring}"
+            self.state.ring = ""
             keys = [*keys, self.bell]
         if shard in source.acks:
             args += source.acks.pop(shard)
@@ -548,12 +573,12 @@ class ShardedPoll:
         at = time.monotonic()
         due_at = float("inf") if due < 0 else at + (due - now) / 1000
         if self.bell is not None and len(reply) == 7 + 4 * count:
-            # the group's watch: a follower waits on the bell until the watch lapses; the
-            # watcher asks the shard again (keeping the watch) half a margin before that
-            role, lapse_at = int(reply[-2]), at + (int(reply[-1]) - now) / 1000
-            self.state.follow = lapse_at if role == 2 else 0.0
+            # the group's watch: a follower waits on the bell; the watcher asks the shard
+            # again (keeping the watch) half a margin before the watch would lapse
+            role = int(reply[-2])
+            self.state.follow = role == 2
             if role == 1:
-                due_at = min(due_at, lapse_at - WATCH_MARGIN_MS / 2000)
+                due_at = min(due_at, at + (int(reply[-1]) - now) / 1000 - WATCH_MARGIN_MS / 2000)
         self.state.idle[source.index][shard] = (points, due_at, at)
         self.cands[source.index].discard(shard)
         return False

@@ -10,14 +10,17 @@
 -- KEYS[14] due         zset: the shard's due index (optional: without it, delivery times
 --                      are not waited for; lua/includes/group.lua)
 -- KEYS[15] bell        zset: the group's bell, PREFIX:{TAG}:g:GROUP:bell (only with a
---                      WAITER): at most one member 't', score 0, a wake-up waiting
+--                      WAITER): at most one member, score 0, a ring: 'ID NEXT WSEQ DUEIN'
+--                      (the ring id, the log and wake points to watch from, and in how
+--                      many ms the next owed record or lease is due, -1: none)
 -- ARGV[1] max_records  integer 1..10000
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once;
---                      'RECLAIM WAITER TTL_MS' (RECLAIM '0' or '1'): a long poll's call,
---                      by waiter WAITER (1..64 of [A-Za-z0-9_.-], one per polling thread
---                      or task), that takes part in electing the group's watcher (below)
---                      for TTL_MS (1..999999999 ms); it needs KEYS[15]
+--                      'RECLAIM WAITER TTL_MS[ RING]' (RECLAIM '0' or '1'): a long poll's
+--                      call, by waiter WAITER (1..64 of [A-Za-z0-9_.-], one per polling
+--                      thread or task), that takes part in the group's watch (below) for
+--                      TTL_MS (1..999999999 ms); RING: the ring id ('@' and 1..40 of
+--                      [0-9.]) of a ring this waiter popped; it needs KEYS[15]
 -- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
 --                      polling, as group_ack does (one round trip for both), except
 --                      that they go all together: one never delivered fails the poll
@@ -33,9 +36,12 @@
 -- the group field lead until its TTL_MS lapse) blocks on the log and the wake stream;
 -- the others block on the bell (BZPOPMIN). A call with a WAITER that hands out nothing
 -- becomes (or stays) the watcher when there is none live; one that hands out records
--- gives up the watch, and rings the bell (one member: one follower wakes) when nobody
--- watches then, so a burst is passed along one poller at a time and someone watches
--- again once the records are gone. A watcher that dies is replaced when its TTL_MS lapse.
+-- gives up the watch, and when nobody watches then it rings the bell: the ring hands
+-- the watch to the follower that pops it (lead '@ID', until this call's TTL_MS lapse),
+-- with the points to watch from (the first record not handed out yet: the rest of a
+-- burst wakes it at once, and is passed on the same way). That follower names the ring
+-- in its next call (RING), which then counts as the watcher's. A watcher that dies (or a
+-- ring nobody pops) is replaced by the first call after its TTL_MS lapse.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none;
 -- {key, headers, due ms, expiry ms} for a record with any of the last three), payload},
@@ -51,13 +57,14 @@
 require_group_role('group.consume')
 local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], s_sub(ARGV[3], 1, 1) == '1'
-local waiter, watch_ttl, bell, rung = false, 0, false, false
+local waiter, watch_ttl, ring, bell, rung = false, 0, false, false, false
 if #ARGV[3] > 1 then
-  local r, w, t = s_match(ARGV[3], '^([01]) ([%w_.%-]+) (%d+)$')
-  if not r or #w > 64 or #t > 9 or tonumber(t) < 1 then
-    fail('INVALID', "ARGV[3] must be '0', '1' or 'RECLAIM WAITER TTL_MS', got " .. s_sub(ARGV[3], 1, 80))
+  local r, w, t, g = s_match(ARGV[3], '^([01]) ([%w_.%-]+) (%d+) ?(@?[%d.]*)$')
+  if not r or #w > 64 or #t > 9 or tonumber(t) < 1 or #g > 41 or g == '@' or (g ~= '' and s_byte(g, 1) ~= 64) then
+    fail('INVALID', "ARGV[3] must be '0', '1' or 'RECLAIM WAITER TTL_MS[ @RING]', got " .. s_sub(ARGV[3], 1, 80))
   end
   waiter, watch_ttl = w, tonumber(t)
+  if g ~= '' then ring = g end
   bell = passed_bell_key()
   if not bell then fail('INVALID', "a poll with a WAITER takes the group's bell key after the key block") end
   local nb = redis.pcall('ZCARD', bell)
@@ -561,20 +568,27 @@ if waiter then
     if w then holder, lexp = w, tonumber(e) end
   end
   local live = holder and lexp > now
+  local mine = holder and (holder == waiter or holder == ring)
   local role = 0
   if n == 0 then
     role = 2
-    if not live or holder == waiter then
+    if not live or mine then
       lexp = now + watch_ttl
       redis.call('HSET', K.group, 'lead', waiter .. ' ' .. fmt(lexp))
       role = 1
     end
   else
-    if holder == waiter then
+    if mine then live, lexp = false, 0 end
+    if not live and not rung then
+      -- the ring: the watch, for whoever pops it, from the first record not handed out
+      local id = fmt(now) .. '.' .. fmt(S.next)
+      local din = out[2] < 0 and -1 or math.max(0, out[2] - now)
+      redis.call('ZADD', bell, 0, id .. ' ' .. fmt(S.next) .. ' ' .. fmt(out[4]) .. ' ' .. fmt(din))
+      lexp = now + watch_ttl
+      redis.call('HSET', K.group, 'lead', '@' .. id .. ' ' .. fmt(lexp))
+    elseif mine then
       redis.call('HDEL', K.group, 'lead')
-      live, lexp = false, 0
     end
-    if not live and not rung then redis.call('ZADD', bell, 0, 't') end
   end
   out[#out + 1] = role
   out[#out + 1] = lexp

@@ -126,9 +126,10 @@ def settle(raw: redis.Redis, seconds: float) -> None:
 def test_a_record_wakes_one_of_many_idle_pollers(
         redis_client: felix_redis.Client, raw: redis.Redis, fleet: Callable[..., Fleet], k: int, sharded: bool) -> None:
     """Counted by the server: with k idle pollers (group_poll, or each its own sharded
-    group of the 1-shard stream, the README's loop), each record published costs at most
-    3 script calls (the watcher's poll that takes it, the poll of the follower it wakes
-    to watch, the taker's next poll), whatever k is; every record is handed out once."""
+    group of the 1-shard stream, the README's loop), each record published costs 2
+    script calls besides its publish (the watcher's poll that takes it, handing the watch
+    to the follower that pops its ring; the taker's next poll, with the ack), whatever k
+    is; every record is handed out once."""
     f = fleet(k, wait=6.0, sharded=sharded)
     settle(raw, 0.3)
     before = script_calls(raw)
@@ -139,7 +140,7 @@ def test_a_record_wakes_one_of_many_idle_pollers(
     settle(raw, 0.3)
     calls = script_calls(raw) - before - 10  # the publishes' own
     assert f.offsets() == list(range(10))
-    assert calls <= 3 * 10, calls
+    assert calls <= 2 * 10 + 2, calls  # (2 in slack: a wait that ends inside the window on a slow machine)
 
 
 @pytest.mark.parametrize("sharded", [False, True])
@@ -202,25 +203,42 @@ def test_a_lone_poller_keeps_its_watch(redis_client: felix_redis.Client, sharded
 def test_a_watcher_that_stops_polling_is_replaced(
         redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
     """A poller takes the watch with wait=0.3 and never polls again (a crash, a worker
-    stopped without closing); another, waiting 20 s on the bell, takes the watch over when
-    it lapses (its wait plus WATCH_MARGIN_MS) and gets a record published after that at
-    once, not at the end of its wait."""
+    stopped without closing). A worker polling with wait=1.5 is a follower while that
+    watch lives: a record published then reaches it at the end of its wait (its poll
+    looks), and that poll, after the lapse (0.3 s + WATCH_MARGIN_MS), takes the watch
+    over: the next record reaches it at once."""
     redis_client.stream_create(T, N, S)
     redis_client.group_create(T, N, S, G)
     quitter = felix_redis.connect(redis_url)
     assert quitter.group_poll(T, N, S, 0, G, wait=0.3) == []
-    assert raw.hget(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead") is not None
-    got: list[tuple[float, list[felix_redis.Record]]] = []
-    thread = threading.Thread(
-        target=lambda: got.append((0.0, redis_client.group_poll(T, N, S, 0, G, wait=20.0))), daemon=True)
+    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+    quitters = raw.hget(lead, "lead").split()[0]
+    got: list[tuple[float, bytes]] = []
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            for r in redis_client.group_poll(T, N, S, 0, G, wait=1.5):
+                got.append((time.monotonic(), r.payload))
+
+    thread = threading.Thread(target=worker, daemon=True)
     thread.start()
-    time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 0.5)
-    published = time.monotonic()
-    redis_client.publish(T, N, S, b"late")
+    time.sleep(0.4)
+    first = time.monotonic()
+    redis_client.publish(T, N, S, b"first")
+    while len(got) < 1 and time.monotonic() < first + 5:
+        time.sleep(0.01)
+    assert [p for _, p in got] == [b"first"] and got[0][0] - first < 1.5 + 0.5
+    time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 1.5)  # the lapse, and one more wait at most
+    assert raw.hget(lead, "lead").split()[0] != quitters  # the worker watches now
+    second = time.monotonic()
+    redis_client.publish(T, N, S, b"second")
+    while len(got) < 2 and time.monotonic() < second + 5:
+        time.sleep(0.01)
+    stop.set()
+    assert [p for _, p in got] == [b"first", b"second"]
+    assert got[1][0] - second < 0.3, got[1][0] - second
     thread.join(5)
-    assert not thread.is_alive(), "the follower slept through the lapsed watch"
-    assert time.monotonic() - published < 2.0
-    assert [r.payload for r in got[0][1]] == [b"late"]
     quitter.close()
 
 
@@ -328,7 +346,8 @@ def test_deleting_the_group_deletes_its_bell(
     redis_client.publish(T, N, S, b"job")
     assert len(redis_client.group_poll(T, N, S, 0, G, wait=1.0)) == 1  # rings: nobody watches
     bell = f"felix:{{{T}/{N}/{S}/0}}:g:{G}:bell"
-    assert raw.zrange(bell, 0, -1) == [b"t"]
+    (ring,) = raw.zrange(bell, 0, -1)  # the ring: 'ID NEXT WSEQ DUEIN', from offset 1 on
+    assert ring.split()[1] == b"1"
     redis_client.group_delete(T, N, S, G)
     assert not raw.exists(bell)
     redis_client.group_create(T, N, S, G)

@@ -154,10 +154,10 @@ def test_long_poll_blocks_on_the_log_and_wake_stream_until_the_first_due_time() 
     assert [r.offset for r in records] == [41]
 
 
-def test_a_follower_waits_on_the_bell_until_the_watch_lapses() -> None:
+def test_a_follower_waits_on_the_bell_until_its_due_time() -> None:
     core = core_with(1)
-    # another waiter watches until 1300 (role 2): this one waits on the bell, no longer
-    replies = iter([polled([], now=1000, watch=(2, 1300)), polled([7], watch=(0, 0))])
+    # another waiter watches (role 2): this one waits on the bell until what it saw is due
+    replies = iter([polled([], now=1000, due=1300, watch=(2, 1200)), polled([7], watch=(0, 0))])
 
     def answer(op: Any) -> Any:
         return None if type(op) is BlockAny else next(replies)
