@@ -406,7 +406,8 @@ MUTATIONS: list[Mutation] = [
              "removing a rate limit leaves pollers waiting for the old window to end"),
     # ---- fleets: a record wakes one long-poller (tests/test_bell.py)
     mutation("B1", "fleets", "lua/group_poll.lua",
-             "      redis.call('ZADD', bell, 0, id .. ' ' .. fmt(S.next) .. ' ' .. fmt(out[4]) .. ' ' .. fmt(din))\n", "",
+             "      redis.call('ZADD', bell, 0, id .. ' ' .. fmt(S.next) .. ' ' .. fmt(out[4]) .. ' ' .. fmt(din))\n",
+             "",
              "tests/test_bell.py -k 'busy_watcher or burst'",
              "a poll that takes records while nobody watches rings no bell: the followers sleep through new records"),
     mutation("B2", "fleets", "lua/group_poll.lua",
