@@ -16,9 +16,9 @@ import random
 import threading
 import time
 from collections.abc import Generator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from felix_redis.errors import ConnectionFailed, OutcomeUnknown
+from felix_redis.errors import ConnectionFailed, OutcomeUnknown, PermissionDenied
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
 
 T = TypeVar("T")
@@ -242,11 +242,33 @@ def waiter_name() -> str:
     return f"{os.getpid():x}.{_WAITER_TOKEN}.{ident:x}"
 
 
-def read_ring(popped: Any) -> tuple[str, int, int, int] | None:
-    """A ring popped from a group's bell (a BZPOPMIN reply: key, member, score), as
-    lua/group_poll.lua writes it: its id, the log offset and wake sequence to watch
-    from, and in how many ms the next owed record or lease is due (-1: none); None for
-    no pop (a timeout, a failed block) or a member of another form (nothing to take)."""
+class Ring(NamedTuple):
+    """A ring popped from a group's bell, as lua/group_poll.lua writes it (member
+    ``ID NEXT WSEQ DUEIN``): it hands the popper the group's watch."""
+
+    #: the ring's id, named in the popper's next poll (which takes the watch it handed over)
+    id: str
+    #: the log offset and the wake sequence to watch from
+    next_offset: int
+    wake_seq: int
+    #: in how many ms the next owed record or lease is due (-1: none)
+    due_in: int
+
+    @property
+    def claim(self) -> str:
+        """What the popper's next poll appends to its waiter argument."""
+        return f" @{self.id}"
+
+    def points(self, keys: list[str]) -> list[tuple[str, str]]:
+        """Where the popper watches (:func:`wake_points`), ``keys`` the group's keys on
+        the shard."""
+        return wake_points(keys, [0, 0, self.next_offset, self.wake_seq])
+
+
+def read_ring(popped: Any) -> Ring | None:
+    """The :class:`Ring` in a BZPOPMIN reply on a group's bell (key, member, score);
+    None for no pop (a timeout, a failed block) or a member of another form (nothing to
+    take)."""
     if not popped or popped is BlockAny.FAILED or len(popped) < 2:
         return None
     member = popped[1].decode() if isinstance(popped[1], bytes) else str(popped[1])
@@ -254,4 +276,17 @@ def read_ring(popped: Any) -> tuple[str, int, int, int] | None:
     if len(parts) != 4 or not all(p.lstrip("-").isdigit() for p in parts[1:]) \
             or not parts[0].replace(".", "").isdigit() or len(parts[0]) > 40:
         return None
-    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+    return Ring(parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
+
+
+def follow_bell(core: Any, bell: str, block_ms: int, context: str) -> Plan[tuple[Any, Ring | None]]:
+    """A follower's wait in a group's watch: BZPOPMIN on the group's ``bell`` for up to
+    ``block_ms``. Returns the pop (None: nothing rang, or the user may not BZPOPMIN) and
+    the ring it holds, if any. A user whose ACL predates the bell (BZPOPMIN refused)
+    turns ``core.bells`` off: its polls then watch the log themselves."""
+    try:
+        popped = yield BlockAny([], block_ms, context, bell=bell)
+    except PermissionDenied:
+        core.bells = False
+        return None, None
+    return popped, read_ring(popped)

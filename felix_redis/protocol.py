@@ -68,7 +68,7 @@ from felix_redis.plans import (
     Plan,
     Retrying,
     Sleep,
-    read_ring,
+    follow_bell,
     retry_delays,
     retry_safe,
     waiter_name,
@@ -1042,30 +1042,23 @@ class Core:
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
             points = wake_points(keys, reply)
-            if watching and int(reply[5]) == 2:
+            if watching and bell is not None and int(reply[5]) == 2:
                 # another waiter watches: wait on the bell, until the wait ends or what
                 # this poll saw falls due (then this poll looks itself: a watcher that
                 # died is replaced by the first poll after its watch lapsed)
-                try:
-                    moved = yield BlockAny([], block_ms, context, bell=bell)
-                except PermissionDenied:
-                    # a user made before bells were granted: every waiter watches
-                    self.bells = False
-                    continue
-                rang = read_ring(moved)
+                moved, rang = yield from follow_bell(self, bell, block_ms, context)
                 if rang is None:
-                    if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
+                    if self.bells and not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                         return []  # (as below)
                     continue
                 # the ring handed this waiter the watch: it watches from the ring's points
                 # (the rest of a burst wakes it at once) and names the ring when it polls
-                ring_id, next_offset, wake_seq, due_in = rang
-                self.rings[ring_key] = f" @{ring_id}"
-                points = wake_points(keys, [0, 0, next_offset, wake_seq])
+                self.rings[ring_key] = rang.claim
+                points = rang.points(keys)
                 left_ms = int((deadline - time.monotonic()) * 1000)
-                if left_ms <= 0 or due_in == 0:
+                if left_ms <= 0 or rang.due_in == 0:
                     continue
-                block_ms = left_ms if due_in < 0 else max(1, min(left_ms, due_in + 1))
+                block_ms = left_ms if rang.due_in < 0 else max(1, min(left_ms, rang.due_in + 1))
             moved = yield BlockAny(points, block_ms, context)
             if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                 # the wait ran out (the server's timer may fire a ms early), nothing moved

@@ -32,7 +32,7 @@ from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
 from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX, WATCH_MARGIN_MS
-from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated, PermissionDenied
+from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
 from felix_redis.plans import (
@@ -42,8 +42,8 @@ from felix_redis.plans import (
     Eval,
     Plan,
     Sleep,
+    follow_bell,
     moved_keys,
-    read_ring,
     waiter_name,
     wake_points,
 )
@@ -258,23 +258,18 @@ class ShardedPoll:
             # the shard's due time); then the shard is asked again (a ring: records
             # came; else this poll may take over a watch that lapsed)
             self.state.follow = False
-            try:
-                popped = yield BlockAny([], block_ms, self.context, bell=self.bell)
-            except PermissionDenied:
-                self.core.bells = False  # a user granted before the bell: watch the log
-                popped = None
-            rang = read_ring(popped)
-            if rang is None or rang[3] == 0:
-                self.state.idle[0].pop(0, None)
+            _popped, rang = yield from follow_bell(self.core, self.bell, block_ms, self.context)
+            if rang is not None:
+                # the ring handed this consumer the watch: it names the ring when it polls
+                self.state.ring = rang.claim
+            if rang is None or rang.due_in == 0:
+                self.state.idle[0].pop(0, None)  # the shard is asked again at once
                 return
-            # the ring handed this consumer the watch: it watches from the ring's points
-            # (the rest of a burst wakes it at once) and names the ring when it polls
-            ring_id, next_offset, wake_seq, due_in = rang
-            self.state.ring = f" @{ring_id}"
+            # ... and watches from the ring's points (the rest of a burst wakes it at once)
             keys = self.cache.group_shard_keys(self.sources[0].name, 0, self.group)[0]
             since = time.monotonic()
-            self.state.idle[0][0] = (wake_points(keys, [0, 0, next_offset, wake_seq]),
-                                     float("inf") if due_in < 0 else since + due_in / 1000, since)
+            self.state.idle[0][0] = (rang.points(keys), float("inf") if rang.due_in < 0 else since + rang.due_in / 1000,
+                                     since)
             return
         if not points:
             yield Sleep(block_ms / 1000)  # nothing to watch (no shard answered yet): look again after

@@ -65,7 +65,7 @@ if #ARGV[3] > 1 then
   end
   waiter, watch_ttl = w, tonumber(t)
   if g ~= '' then ring = g end
-  bell = passed_bell_key()
+  bell = passed_key('bell')
   if not bell then fail('INVALID', "a poll with a WAITER takes the group's bell key after the key block") end
   local nb = redis.pcall('ZCARD', bell)
   if type(nb) == 'table' then

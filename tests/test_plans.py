@@ -187,6 +187,41 @@ def test_a_user_without_bzpopmin_falls_back_to_watching() -> None:
     assert not core.bells and [r.offset for r in records] == [7]
 
 
+@pytest.mark.parametrize("due_in", [0, 500])
+@pytest.mark.parametrize("mode", ["group_poll", "sharded"])
+def test_a_follower_names_the_ring_it_popped_in_its_next_poll(mode: str, due_in: int) -> None:
+    # the ring hands this follower the watch: it watches from the ring's points until the
+    # ring's due time (DUEIN 0: it polls at once) and its next poll names the ring, which
+    # takes over the watch the ring holds (else that watch lapses with nobody on it)
+    core = core_with(1)
+    replies = iter([polled([], now=1000, watch=(2, 1300)), polled([41], watch=(0, 0))])
+
+    def answer(op: Any) -> Any:
+        if type(op) is BlockAny:
+            if op.bell:
+                return [op.bell, f"1000.41 41 9 {due_in}".encode(), b"0"]
+            return [[op.streams[0][0], [[b"41-1000", [b"p", b"x"]]]]]  # the next record came
+        if type(op) is Batch:
+            return [next(replies) for _ in op.ops]
+        return next(replies)
+
+    plan = core.group_poll(T, N, S, 0, G, 4, wait=5.0) if mode == "group_poll" else sharded(core, wait=5.0)
+    result, ops = drive(plan, answer)
+    records = result if mode == "group_poll" else result[0]
+    evals = [e for op in ops if type(op) in (Eval, Batch) for e in calls(op)]
+    blocks = [op for op in ops if type(op) is BlockAny]
+    assert len(evals) == 2 and blocks[0].bell == evals[0].keys[-1]
+    assert not evals[0].args[2].endswith("@1000.41") and evals[1].args[2].endswith(" @1000.41")
+    keys = evals[0].keys
+    points = [(keys[SHARD_ROLES.index("log")], "41-0"), (keys[len(SHARD_ROLES) + GROUP_ROLES.index("wake")], "9-1")]
+    if due_in == 0:
+        assert len(blocks) == 1  # polled at once
+    else:
+        assert len(blocks) == 2 and blocks[1].bell is None
+        assert sorted(blocks[1].streams) == sorted(points) and 1 <= blocks[1].block_ms <= due_in + 1
+    assert [r.offset for r in records] == [41]
+
+
 def test_poll_without_wait_returns_at_once() -> None:
     core = core_with(1)
     records, ops = drive(core.group_poll(T, N, S, 0, G, 4), lambda op: polled([]))

@@ -118,28 +118,18 @@ local function stream_shape()
   return sh
 end
 
--- The shard's due index (a zset of delayed records' offsets by due time) when the
--- caller passed it among the keys after the group key block (group_shape checked its
--- name), else false: where no key names it, a script does not touch it.
-local function passed_due_key()
+-- The key `name` of the group shape ('due': the shard's due index, a zset of delayed
+-- records' offsets by due time; 'bell': the group's bell, a zset long-pollers wait on,
+-- lua/group_poll.lua) when the caller passed it among the keys after the group key
+-- block (group_shape checked its name), else false: where no key names it, a script
+-- does not touch it.
+local function passed_key(name)
   -- the shape checked by this call's require_group_role (LAST_SHAPE: its keys are these)
   local shape = LAST_SHAPE
   if not shape or shape.keys[3] ~= KEYS[3] then shape = group_shape() end
-  local due = shape.due
+  local key = shape[name]
   for i = #GROUP_ROLE_TYPES + 3, #KEYS do
-    if KEYS[i] == due then return due end
-  end
-  return false
-end
-
--- The group's bell (a zset long-pollers wait on, lua/group_poll.lua) when the caller
--- passed it among the keys after the group key block, else false.
-local function passed_bell_key()
-  local shape = LAST_SHAPE
-  if not shape or shape.keys[3] ~= KEYS[3] then shape = group_shape() end
-  local bell = shape.bell
-  for i = #GROUP_ROLE_TYPES + 3, #KEYS do
-    if KEYS[i] == bell then return bell end
+    if KEYS[i] == key then return key end
   end
   return false
 end

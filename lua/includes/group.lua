@@ -42,7 +42,7 @@ local function group_role_keys()
   return {
     meta = KEYS[1], log = KEYS[2], group = KEYS[3], lease = KEYS[4], owed = KEYS[5],
     attempts = KEYS[6], done = KEYS[7], redo = KEYS[8], dead = KEYS[9], owner = KEYS[10],
-    byowner = KEYS[11], wake = KEYS[12], held = KEYS[13], due = passed_due_key(),
+    byowner = KEYS[11], wake = KEYS[12], held = KEYS[13], due = passed_key('due'),
     types = {
       meta = false, log = false, group = false, lease = false, owed = false, attempts = false,
       done = false, redo = false, dead = false, owner = false, byowner = false, wake = false,
