@@ -592,10 +592,15 @@ class WorkerBase:
         """Reports the outcome of finished jobs whose ack was sent, and frees their slots."""
         wheres = self._wheres
         with self._stats_lock:
-            for job, duration, _ in batch:
-                item = job.item
-                metrics = None if self._metrics is None else self._metrics[item.stream]
-                report_outcome(self.stats, metrics, wheres[item.stream], item.record, outcome, duration, detail)
+            if self._metrics is None and not log.isEnabledFor(OUTCOME_LEVELS[outcome]):
+                # no metrics and no line to log: counting them is all there is to report
+                field = _STAT_FIELDS[outcome]
+                setattr(self.stats, field, getattr(self.stats, field) + len(batch))
+            else:
+                for job, duration, _ in batch:
+                    item = job.item
+                    metrics = None if self._metrics is None else self._metrics[item.stream]
+                    report_outcome(self.stats, metrics, wheres[item.stream], item.record, outcome, duration, detail)
         self._release_many([job for job, _, _ in batch])
 
     def _heartbeat_timing(self) -> tuple[float, float]:

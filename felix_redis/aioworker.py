@@ -156,7 +156,7 @@ class AsyncWorker(WorkerBase):
                     self._metrics[job.item.stream].started()
                 done += 1
                 try:
-                    took = await self._run_job(job)
+                    took = await self._run_job(job, inline=True)
                 except BaseException:  # a cancellation: the shutdown hands this job back
                     for rest in jobs[done:]:
                         self._dispatch(rest)
@@ -176,8 +176,10 @@ class AsyncWorker(WorkerBase):
 
     # -- jobs
 
-    async def _run_job(self, job: Job) -> float:
-        """Runs the handler on a job and settles it; returns how long the handler took."""
+    async def _run_job(self, job: Job, inline: bool = False) -> float:
+        """Runs the handler on a job and settles it; returns how long the handler took.
+        ``inline``: on the loop's own task, whose next step takes the finished job along
+        (its next poll, or the shutdown's settle): no task or event needs waking."""
         record = job.item.record
         started = time.monotonic()
         try:
@@ -191,7 +193,11 @@ class AsyncWorker(WorkerBase):
             await drive_async(self._failed_plan(job, exc))
         else:
             took = self._timed(started)
-            self._succeeded(job)
+            if not inline:
+                self._succeeded(job)
+            elif job.settle("finished"):
+                now = time.monotonic()
+                self._finished.append((job, now - job.started, now))
         return took
 
     async def _call(self, record: Record) -> None:

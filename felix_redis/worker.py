@@ -228,24 +228,31 @@ class Worker(WorkerBase):
         how many ran (the caller hands the rest to the handler threads). An interrupt
         raised by the handler (KeyboardInterrupt, SystemExit) hands its record back, the
         rest to the handler threads (for the shutdown's grace period), and goes on up."""
-        for i, job in enumerate(jobs):
-            if self._stopping.is_set():
-                return i
-            try:
-                took = self._run(job, inline=True)
-            except BaseException:
-                for rest in jobs[i + 1:]:
-                    self._queue.put(rest)
-                if job.settle("handed_back"):
-                    drive(self._hand_back_plan(job))
-                raise
-            if took > INLINE_MAX_S:
-                self._handler_runs = 0  # back to the threads until runs are quick again
-                return i + 1
-        return len(jobs)
+        finished: list[Finished] = []  # kept for the next ack together, one lock for all
+        try:
+            for i, job in enumerate(jobs):
+                if self._stopping.is_set():
+                    return i
+                try:
+                    took = self._run(job, finished)
+                except BaseException:
+                    for rest in jobs[i + 1:]:
+                        self._queue.put(rest)
+                    if job.settle("handed_back"):
+                        drive(self._hand_back_plan(job))
+                    raise
+                if took > INLINE_MAX_S:
+                    self._handler_runs = 0  # back to the threads until runs are quick again
+                    return i + 1
+            return len(jobs)
+        finally:
+            if finished:
+                self._add_finished_many(finished, by_loop=True)
 
-    def _run(self, job: Job, inline: bool = False) -> float:
-        """Runs the handler on a job and settles it; returns how long the handler took."""
+    def _run(self, job: Job, inline: list[Finished] | None = None) -> float:
+        """Runs the handler on a job and settles it; returns how long the handler took.
+        ``inline``: it runs on the poll loop's thread, which keeps the finished job in
+        this list (the caller adds them all at once) and takes an interrupt up."""
         started = time.monotonic()
         try:
             if _tracing.process is None:
@@ -257,13 +264,17 @@ class Worker(WorkerBase):
             took = self._timed(started)
             drive(self._failed_plan(job, exc))
         except BaseException as exc:
-            if inline:
+            if inline is not None:
                 raise  # (an interrupt on the loop's thread stops the worker, as it would between polls)
             took = self._timed(started)
             drive(self._failed_plan(job, exc))  # a thread has no one above it to catch SystemExit
         else:
             took = self._timed(started)
-            self._succeeded(job)
+            if inline is None:
+                self._succeeded(job)
+            elif job.settle("finished"):  # (only the loop's thread settles an inline job: no race)
+                now = time.monotonic()
+                inline.append((job, now - job.started, now))
         return took
 
     def _release(self, job: Job) -> None:
@@ -288,10 +299,19 @@ class Worker(WorkerBase):
             self._run(job)
 
     def _add_finished(self, job: Job, duration: float) -> None:
+        self._add_finished_many([(job, duration, time.monotonic())])
+
+    def _add_finished_many(self, finished: list[Finished], by_loop: bool = False) -> None:
+        """Keeps finished jobs for the next ack. ``by_loop``: the poll loop's own thread
+        adds them (inline runs), whose next step takes them along (its next poll, or its
+        shutdown's settle): nobody else needs waking (only the loop waits on _slots)."""
         with self._slots:
-            self._finished.append((job, duration, time.monotonic()))
-            if len(self._finished) == 1:
+            if by_loop:
+                self._finished += finished
+                return
+            if not self._finished:
                 self._settle.notify()  # starts the settle thread's linger
+            self._finished += finished
             self._slots.notify_all()
 
     # -- acks, batched: with the next poll, or by the settle thread
