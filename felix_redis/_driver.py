@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -389,6 +390,9 @@ class ShardedGroupBase:
         #: acks made with ``ack(item, wait=False)`` and not sent yet (they ride on the
         #: next poll, go after ``ACK_LINGER_S``, at ``flush()`` or ``close()``)
         self._queued: list[Ref] = []
+        #: when the first of the queued acks was queued (time.monotonic(); 0.0: they are
+        #: acks put back after a failed send, due at once)
+        self._queued_at = 0.0
         self._queue_lock = threading.Lock()
         self._flush_failures = 0  # lost connections in a row while sending the queued acks
 
@@ -401,7 +405,10 @@ class ShardedGroupBase:
             _shard(item)
         with self._queue_lock:
             self._queued.append(item)
-            return len(self._queued) == 1
+            if len(self._queued) == 1:
+                self._queued_at = time.monotonic()
+                return True
+            return False
 
     def _take_queued(self) -> list[Ref]:
         with self._queue_lock:
@@ -413,6 +420,15 @@ class ShardedGroupBase:
         if refs:
             with self._queue_lock:
                 self._queued[:0] = refs
+                self._queued_at = 0.0
+
+    def _linger_left(self, linger: float) -> float:
+        """Seconds the queued acks still wait for a poll to take them along before a
+        background send (0: send now). A poll may have taken the acks whose linger is
+        ending: those queued since wait out ``linger`` from the first of them."""
+        if not self._queued or not self._queued_at:
+            return 0.0
+        return max(0.0, self._queued_at + linger - time.monotonic())
 
     @property
     def queued_acks(self) -> int:

@@ -138,16 +138,22 @@ class AsyncClient(_AwaitsToItself):
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._ack_all: weakref.WeakSet[AsyncShardedGroup] = weakref.WeakSet()
 
-    def _defer_acks(self, group: AsyncShardedGroup, after: float = ACK_LINGER_S) -> None:
-        """Sends ``group``'s queued acks ``after`` seconds from now (ACK_LINGER_S)."""
+    def _defer_acks(self, group: AsyncShardedGroup, after: float | None = None) -> None:
+        """Sends ``group``'s queued acks ``after`` seconds from now (None: ACK_LINGER_S)."""
         self._ack_all.add(group)
         loop = asyncio.get_running_loop()
         timer = self._ack_timers.get(group)
         if timer is None or timer[0] is not loop or timer[1].cancelled():  # none, or of a loop now closed
-            self._ack_timers[group] = (loop, loop.call_later(after, self._flush_later, group))
+            self._ack_timers[group] = (loop, loop.call_later(ACK_LINGER_S if after is None else after,
+                                                             self._flush_later, group))
 
     def _flush_later(self, group: AsyncShardedGroup) -> None:
         self._ack_timers.pop(group, None)
+        if (left := group._linger_left(ACK_LINGER_S)) > 0:
+            # a poll took the acks this timer was for: those queued since wait their own linger
+            loop = asyncio.get_running_loop()
+            self._ack_timers[group] = (loop, loop.call_later(left, self._flush_later, group))
+            return
         task = asyncio.ensure_future(group._flush_in_background())
         self._ack_tasks.add(task)
         task.add_done_callback(self._ack_tasks.discard)

@@ -90,12 +90,12 @@ class AckFlusher:
         self.groups: weakref.WeakSet[ShardedGroup] = weakref.WeakSet()
         _flushers.add(self)
 
-    def defer(self, group: ShardedGroup, after: float = ACK_LINGER_S) -> None:
+    def defer(self, group: ShardedGroup, after: float | None = None) -> None:
         with self._cond:
             self.groups.add(group)
             if group in self._due:
                 return
-            due = time.monotonic() + after
+            due = time.monotonic() + (ACK_LINGER_S if after is None else after)
             sooner = not self._due or due < min(self._due.values())
             self._due[group] = due
             if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
@@ -118,9 +118,14 @@ class AckFlusher:
                         break
                     self._cond.wait(wait)
                 now = time.monotonic()
-                ready = [g for g, at in self._due.items() if at <= now]
-                for group in ready:
-                    del self._due[group]
+                ready = []
+                for group in [g for g, at in self._due.items() if at <= now]:
+                    # (a poll took the acks this wait was for: those queued since wait their own)
+                    if (left := group._linger_left(ACK_LINGER_S)) > 0:
+                        self._due[group] = now + left
+                    else:
+                        del self._due[group]
+                        ready.append(group)
                 self._flushing += len(ready)
             for group in ready:
                 try:

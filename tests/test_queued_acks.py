@@ -104,6 +104,58 @@ def test_queued_acks_go_after_a_short_linger_without_another_call(
     assert group.queued_acks == 0
 
 
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_an_ack_queued_after_a_poll_took_the_others_waits_its_own_linger(
+    redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The linger starts at the first ack queued: when a poll took along the acks an
+    earlier linger was for, an ack queued after that poll is not sent alone at that
+    earlier linger's end (it would have ridden on the next poll), but at its own."""
+    import felix_redis.asyncio as aio_module
+    import felix_redis.client as client_module
+
+    linger = 1.0  # (wide: the test's steps must fall inside it on a loaded machine)
+    monkeypatch.setattr(client_module if mode == "sync" else aio_module, "ACK_LINGER_S", linger)
+    make(redis_client, 8, shards=1)
+
+    def check(queued_acks: Any, first: list[Any], second: list[Any], poll: Any, ack: Any, sleep: Any) -> Any:
+        # (a generator of steps, run by the sync or asyncio driver below)
+        for item in first:
+            yield ack(item)  # the linger starts: ends at t0 + linger
+        t0 = time.monotonic()
+        yield poll()  # takes the 4 acks along
+        assert queued_acks() == 0
+        yield sleep(0.6 * linger)
+        yield ack(second[0])  # queued at ~t0 + 0.6 linger: its own linger ends at ~t0 + 1.6 linger
+        yield sleep(max(0.0, t0 + 1.2 * linger - time.monotonic()))
+        assert queued_acks() == 1, "the earlier linger's end sent an ack queued after the poll that took the others"
+        deadline = time.monotonic() + 3 * linger
+        while queued_acks() and time.monotonic() < deadline:
+            yield sleep(0.02)
+        assert queued_acks() == 0  # sent at its own linger's end
+
+    if mode == "sync":
+        group = redis_client.group_sharded(T, N, S, G)
+        items = group.poll(8)
+        for _step in check(lambda: group.queued_acks, items[:4], items[4:], lambda: group.poll(1),
+                          lambda i: group.ack(i, wait=False), time.sleep):
+            pass
+        group.close()
+    else:
+        async def run() -> None:
+            client = felix_async.connect(redis_url)
+            group = client.group_sharded(T, N, S, G)
+            items = await group.poll(8)
+            for step in check(lambda: group.queued_acks, items[:4], items[4:], lambda: group.poll(1),
+                              lambda i: group.ack(i, wait=False), asyncio.sleep):
+                await step
+            await group.close()
+            await client.close()
+
+        asyncio.run(run())
+    assert unfinished(redis_client) == 3  # the 3 items never acked
+
+
 def test_flush_and_close_send_the_queued_acks(redis_client: felix_redis.Client, redis_url: str) -> None:
     make(redis_client, 8)
     raw = redis.Redis.from_url(redis_url)
