@@ -136,8 +136,6 @@ class ShardedPoll:
             self.bell = f"{cache.group_shard_keys(sources[0].name, 0, group)[0][2]}:bell"
             self.waiter = waiter_name()
         self.deadline = 0.0
-        paths = ", ".join(source.name.path for source in sources)
-        self.context = f"group {group} on stream{'s' if len(sources) > 1 else ''} {paths}"
         # what the current round gathered: records per source (by index), how many
         self.out: list[list[Record]] = [[] for _ in sources]
         self.count = 0
@@ -149,6 +147,13 @@ class ShardedPoll:
         self.block_ms = -1
         #: a shard handed out less than asked while something there is due now
         self.due_now = False
+
+    @property
+    def context(self) -> str:
+        """What a block or an error names: the group and its streams (made when needed:
+        a poll that hands records out at once needs none)."""
+        paths = ", ".join(source.name.path for source in self.sources)
+        return f"group {self.group} on stream{'s' if len(self.sources) > 1 else ''} {paths}"
 
     def run(self) -> Plan[list[list[Record]]]:
         """The records, per source (by index)."""
