@@ -275,6 +275,24 @@ def test_runtime_cpu_figures_run_end_to_end() -> None:
                 assert client.group_describe(runtime_cpu.T, runtime_cpu.N, f"r{i}", runtime_cpu.G).lag == 0
 
 
+def test_plan_cpu_figures_run_end_to_end() -> None:
+    """bench/plan_cpu.py with tiny numbers: the canned client answers every poll with 16
+    records and sends nothing to Redis; every way reports a CPU time per poll."""
+    sys.path.insert(0, str(ROOT))
+    from bench import plan_cpu
+
+    with RedisServer() as server, felix_redis.connect(server.url) as client:
+        plan_cpu.fill(client, plan_cpu.STREAM, 64, 1)
+        plan_cpu.canned(client)
+        for way in plan_cpu.WAYS:
+            assert plan_cpu.run(way, client, 50) > 0, way
+        assert len(client.group_poll(plan_cpu.T, plan_cpu.N, plan_cpu.STREAM, 0, plan_cpu.G, 16)) == 16
+        with felix_redis.connect(server.url) as real:
+            # what Redis saw: the capture's two polls only (the second acked the first's 16)
+            info = real.group_describe(plan_cpu.T, plan_cpu.N, plan_cpu.STREAM, plan_cpu.G)
+            assert (info.lag, info.shards[0].in_flight) == (48, 16)
+
+
 def test_round_trip_figures_run_end_to_end() -> None:
     """bench/roundtrip.py with tiny numbers: every part reports a round trip and a server
     time, and the spinning function's server time grows with its spins."""
