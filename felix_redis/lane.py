@@ -82,6 +82,11 @@ try:
     _STOCK_PACKERS: tuple[type, ...] = (HiredisRespSerializer, PythonRespSerializer)
 except ImportError:  # pragma: no cover - another redis-py layout: the plain path only
     _HiredisParser = _STOCK = None
+_ASYNC_STOCK: Any
+try:
+    from redis.asyncio.connection import AbstractConnection as _ASYNC_STOCK
+except ImportError:  # pragma: no cover - another redis-py layout: redis-py's write only
+    _ASYNC_STOCK = None
     _STOCK_PACKERS = ()
 
 #: What redis-py does around a command that the lane's direct path would skip: a
@@ -89,6 +94,7 @@ except ImportError:  # pragma: no cover - another redis-py layout: the plain pat
 #: error into a reconnect) keeps redis-py's path.
 _LAYERS = ("send_command", "send_packed_command", "read_response")
 _stock_classes: dict[type, bool] = {}
+_async_stock_classes: dict[type, bool] = {}
 
 
 def _stock_connection(conn: Any) -> bool:
@@ -471,7 +477,7 @@ class AsyncLane:
                 chunks.append(packed)
         self.awaiting_reply = True
         try:
-            await conn.send_packed_command(chunks)
+            await _async_write(conn, chunks)
             replies = await _async_replies(conn, len(commands))
             self.awaiting_reply = False  # (else the next call drops the connection first)
         finally:
@@ -506,6 +512,54 @@ class AsyncLane:
                 await conn.disconnect()
 
 
+def _async_writer(conn: Any) -> Any:
+    """The stream writer an asyncio lane call writes to itself, or None where redis-py's
+    ``send_packed_command`` must: a connection class that overrides how commands are
+    sent, health checks, no stream yet, or a transport that is closing or still holds
+    unsent bytes (redis-py waits for those: its drain, under its write timeout)."""
+    cls = type(conn)
+    stock = _async_stock_classes.get(cls)
+    if stock is None:
+        stock = _ASYNC_STOCK is not None and all(getattr(cls, m, None) is getattr(_ASYNC_STOCK, m)
+                                                for m in ("send_command", "send_packed_command"))
+        _async_stock_classes[cls] = stock
+    writer = getattr(conn, "_writer", None) if stock and not conn.health_check_interval else None
+    if writer is None:
+        return None
+    transport = writer.transport
+    try:
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return None
+    except Exception:  # a transport without these: redis-py's path
+        return None
+    return writer
+
+
+async def _async_write(conn: Any, packed: bytes | list[bytes]) -> None:
+    """Writes a packed command (or several) on a connected redis.asyncio ``conn``. On
+    redis-py's own connection with an empty write buffer the bytes go to the transport
+    at once: it sends them (or keeps what the socket does not take yet, and sends that
+    as soon as it can), so there is nothing to wait for. redis-py's
+    ``send_packed_command`` runs its write in ``asyncio.wait_for`` under the socket
+    timeout, which makes it a task of its own: two more turns of the event loop per
+    call (docs/benchmarks.md). A write that never reaches the server shows as the
+    reply's read timing out (the same socket timeout), a lost connection as the read's
+    ConnectionError, as on redis-py's path."""
+    writer = _async_writer(conn)
+    if writer is None:
+        await conn.send_packed_command(packed)
+        return
+    try:
+        if isinstance(packed, bytes):
+            writer.write(packed)
+        else:
+            writer.writelines(packed)
+    except Exception as exc:
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(f"Error while writing to the connection to {conn.host}:{conn.port}: {exc}") \
+            from None
+
+
 def _stale_primary(pool: Any, conn: Any) -> bool:
     """A Sentinel pool that has learned of a new primary, and a connection to another."""
     address = getattr(pool, "master_address", None)
@@ -527,7 +581,7 @@ async def async_ensure_connected(conn: Any) -> None:
 async def _async_send_read(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:
     """As :func:`_send_read`, on a redis.asyncio connection."""
     await async_ensure_connected(conn)
-    await conn.send_packed_command(_pack(conn, args))
+    await _async_write(conn, _pack(conn, args))
     try:
         return await read_reply(conn)
     except ReadOnlyError:
@@ -578,7 +632,7 @@ async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> li
         raise NotSent(exc) from None
     try:
         await async_ensure_connected(conn)
-        await conn.send_packed_command(conn.pack_commands(commands))
+        await _async_write(conn, conn.pack_commands(commands))
         replies = await _async_replies(conn, len(commands))
         if any(isinstance(reply, ReadOnlyError) for reply in replies):
             await conn.disconnect()  # a replica now: the next call connects anew

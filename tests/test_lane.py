@@ -279,15 +279,21 @@ def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
             group = client.group_sharded(T, N, S, "workers")
             await group.poll(1)  # the caches and the lane's connection
             conn = client._lane.conn
-            writes: list[int] = []
-            real = conn.send_packed_command
+            writes: list[int] = []  # per write to the connection's stream, the group_polls it holds
+            writer = conn._writer
+            real_write, real_lines = writer.write, writer.writelines
 
-            async def spy(command: Any, check_health: bool = True) -> None:
-                chunks = command if isinstance(command, list) else [command]
+            def spy_write(data: bytes) -> None:
+                writes.append(bytes(data).count(b"group_poll"))
+                real_write(data)
+
+            def spy_lines(chunks: Any) -> None:
+                chunks = list(chunks)
                 writes.append(sum(bytes(c).count(b"group_poll") for c in chunks))
-                await real(command, check_health)
+                real_lines(chunks)
 
-            monkeypatch.setattr(conn, "send_packed_command", spy)
+            monkeypatch.setattr(writer, "write", spy_write)
+            monkeypatch.setattr(writer, "writelines", spy_lines)
             monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute",
                                 lambda *a, **k: pytest.fail("a redis-py pipeline ran"))
             items = await group.poll(3)
@@ -348,6 +354,85 @@ def test_async_connection_closed_by_the_server_is_replaced(raw: redis.Redis, red
             # own pool misses it even then and fails the call)
             await asyncio.sleep(0.2)
             assert (await client.publish(T, N, S, b"1")).offset == 1
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
+
+
+def test_async_lane_writes_to_the_transport_but_keeps_redis_pys_write_where_it_must(
+    raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An asyncio lane call on redis-py's own connection writes its command to the
+    stream at once (no ``send_packed_command``: its ``asyncio.wait_for`` runs the write
+    as a task of its own); a connection with health checks, or whose transport still
+    holds unsent bytes, goes through ``send_packed_command``; every call is answered
+    right and written once; a batch too."""
+
+    async def main() -> None:
+        client = aio.connect(redis_url)
+        try:
+            await client.stream_create(T, N, S)
+            assert (await client.publish(T, N, S, b"a")).offset == 0
+            conn = client._lane.conn
+            layered: list[int] = []
+            real = conn.send_packed_command
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                layered.append(1)
+                return await real(*args, **kwargs)
+
+            monkeypatch.setattr(conn, "send_packed_command", counted)
+            assert [(await client.publish(T, N, S, b"x")).offset for _ in range(3)] == [1, 2, 3]
+            with pytest.raises(felix_redis.NotFound):  # an error reply, after a direct write
+                await client.publish(T, N, "missing", b"x")
+            group = client.group_sharded(T, N, S, "g")
+            await client.group_create(T, N, S, "g")
+            items = await group.poll(4)
+            assert len(items) == 4 and await group.ack_many(items) == 4
+            assert layered == []
+            monkeypatch.setattr(conn, "health_check_interval", 30)
+            assert (await client.publish(T, N, S, b"y")).offset == 4
+            assert layered  # (its health check's PING may be written the same way)
+            monkeypatch.setattr(conn, "health_check_interval", 0)
+            layered.clear()
+            transport = conn._writer.transport
+            monkeypatch.setattr(transport, "get_write_buffer_size", lambda: 1)  # bytes still queued
+            assert (await client.publish(T, N, S, b"z")).offset == 5
+            assert layered == [1]
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 6
+
+
+def test_async_lane_write_failure_drops_the_connection_and_the_call_fails_as_redis_pys(
+    raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport refuses the write: the connection is dropped and the call raises
+    redis-py's ConnectionError (the client's own retry of the idempotent publish goes
+    out on a new connection, once)."""
+
+    async def main() -> None:
+        client = aio.connect(redis_url)
+        try:
+            await client.stream_create(T, N, S)
+            assert (await client.publish(T, N, S, b"a")).offset == 0
+            conn = client._lane.conn
+            writer = conn._writer
+            failures = [RuntimeError("injected")]
+            real = writer.write
+
+            def flaky(data: bytes) -> None:
+                if failures:
+                    raise failures.pop()
+                real(data)
+
+            monkeypatch.setattr(writer, "write", flaky)
+            assert (await client.publish(T, N, S, b"b")).offset == 1
+            assert failures == [] and client._lane.conn._writer is not writer
         finally:
             await client.close()
 
