@@ -168,11 +168,17 @@ class AsyncWorker(WorkerBase):
             self._dispatch(job)
 
     def _release(self, job: Job) -> None:
-        self._jobs.pop(job, None)
+        self._release_many([job])
+
+    def _release_many(self, jobs: list[Job]) -> None:
+        pop = self._jobs.pop
+        for job in jobs:
+            pop(job, None)
         self.stats.in_flight = len(self._jobs)
         self._changed.set()
         if self._metrics:
-            self._metrics[job.item.stream].released()
+            for job in jobs:
+                self._metrics[job.item.stream].released()
 
     # -- jobs
 
@@ -184,7 +190,10 @@ class AsyncWorker(WorkerBase):
         started = time.monotonic()
         try:
             if _tracing.process is None:
-                await self._call(record)
+                if self.hard_limit_s is None:
+                    await self.handler(record)  # (what _call does then, one coroutine less)
+                else:
+                    await self._call(record)
             else:
                 with _tracing.process(self, job.item):
                     await self._call(record)
