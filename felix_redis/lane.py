@@ -49,7 +49,10 @@ reply read by the connection's own parser (:func:`_send_read`): the layers redis
 around them (its packer's argument checks, the health-check and error-wrapping calls)
 are skipped (docs/benchmarks.md says what that saves). Their effects are kept: a
 connection with health checks, another parser or another text encoding takes redis-py's
-own path, and a failure drops the connection and raises the error redis-py would.
+own path, and a failure drops the connection and raises the error redis-py would. The
+asyncio lane writes the packed command to the connection's stream itself
+(:func:`_async_write`): redis-py's ``send_packed_command`` would run the write as a
+task of its own (``asyncio.wait_for``), two more turns of the event loop per call.
 
 The synchronous lane borrows its connection from the pool (and gives it back on
 ``close()`` or when the client is garbage-collected). The asyncio lane makes a
@@ -82,12 +85,12 @@ try:
     _STOCK_PACKERS: tuple[type, ...] = (HiredisRespSerializer, PythonRespSerializer)
 except ImportError:  # pragma: no cover - another redis-py layout: the plain path only
     _HiredisParser = _STOCK = None
+    _STOCK_PACKERS = ()
 _ASYNC_STOCK: Any
 try:
     from redis.asyncio.connection import AbstractConnection as _ASYNC_STOCK
 except ImportError:  # pragma: no cover - another redis-py layout: redis-py's write only
     _ASYNC_STOCK = None
-    _STOCK_PACKERS = ()
 
 #: What redis-py does around a command that the lane's direct path would skip: a
 #: connection class overriding any of these (Sentinel's turns a read-only replica's
@@ -315,10 +318,16 @@ def _io_failure(conn: Any, exc: BaseException) -> BaseException:
     retries; anything else (an interrupt) is raised as it is."""
     conn.disconnect()
     if isinstance(exc, TimeoutError):  # (socket.timeout)
-        return RedisTimeoutError(f"Timeout on the connection to {conn.host}:{conn.port}")
+        return RedisTimeoutError(f"Timeout on the connection to {_address(conn)}")
     if isinstance(exc, OSError):
-        return RedisConnectionError(f"Error on the connection to {conn.host}:{conn.port}: {exc}")
+        return RedisConnectionError(f"Error on the connection to {_address(conn)}: {exc}")
     return exc
+
+
+def _address(conn: Any) -> str:
+    """Where ``conn`` goes, for an error's message: host:port, or a unix socket's path."""
+    host = getattr(conn, "host", None)
+    return f"{host}:{getattr(conn, 'port', '')}" if host is not None else str(getattr(conn, "path", "?"))
 
 
 def ensure_connected(conn: Any) -> None:
@@ -556,8 +565,7 @@ async def _async_write(conn: Any, packed: bytes | list[bytes]) -> None:
             writer.writelines(packed)
     except Exception as exc:
         await conn.disconnect(nowait=True)
-        raise RedisConnectionError(f"Error while writing to the connection to {conn.host}:{conn.port}: {exc}") \
-            from None
+        raise RedisConnectionError(f"Error while writing to the connection to {_address(conn)}: {exc}") from None
 
 
 def _stale_primary(pool: Any, conn: Any) -> bool:

@@ -440,6 +440,61 @@ def test_async_lane_write_failure_drops_the_connection_and_the_call_fails_as_red
     assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
 
 
+def test_lane_write_failure_on_a_unix_socket_raises_a_connection_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unix-socket connection has no host or port: a failed read (sync) or write
+    (asyncio) still becomes redis-py's ConnectionError (which the client retries; the
+    publish is idempotent: written once)."""
+    from felix_redis.testing.server import RedisServer
+
+    sock = tmp_path / "redis.sock"
+    with RedisServer(extra=["--unixsocket", str(sock), "--unixsocketperm", "700"]):
+        url = f"unix://{sock}"
+        client = felix_redis.connect(url)
+        try:
+            client.stream_create(T, N, S)
+            assert client.publish(T, N, S, b"a").offset == 0
+            parser = lane_conn(client)._parser
+            failures = [OSError("injected")]  # what a socket raises
+            real = parser.read_response
+
+            def flaky(*args: Any, **kwargs: Any) -> Any:
+                if failures:
+                    raise failures.pop()
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(parser, "read_response", flaky)
+            assert client.publish(T, N, S, b"b").offset == 1  # the retry, on a new connection
+            assert failures == []
+        finally:
+            client.close()
+
+        async def main() -> None:
+            aclient = aio.connect(url)
+            try:
+                assert (await aclient.publish(T, N, S, b"c")).offset == 2
+                writer = aclient._lane.conn._writer
+                failures = [RuntimeError("injected")]
+                real_write = writer.write
+
+                def flaky_write(data: bytes) -> None:
+                    if failures:
+                        raise failures.pop()
+                    real_write(data)
+
+                monkeypatch.setattr(writer, "write", flaky_write)
+                assert (await aclient.publish(T, N, S, b"d")).offset == 3
+                assert failures == []
+            finally:
+                await aclient.close()
+
+        asyncio.run(main())
+        raw = redis.Redis(unix_socket_path=str(sock))
+        assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 4
+        raw.close()
+
+
 def test_dropped_async_clients_hold_none_of_a_shared_pool(raw: redis.Redis, redis_url: str) -> None:
     """Async clients made and dropped without close() on one shared pool of 5: the
     lane's connection is its own, never one of the pool's, so none is lost."""
