@@ -68,6 +68,9 @@ class AsyncWorker(WorkerBase):
         self._finished = []
         self._settle_wake = asyncio.Event()
         self._settle_stop = False
+        #: handlers are awaited on the loop's own task (QUICK_HANDLER_S): the settle task
+        #: looks for finished jobs every ACK_LINGER_S rather than being woken for each
+        self._inline = False
         self._helpers: list[asyncio.Task[None]] = []
         self._scheduler: asyncio.Task[None] | None = None
         self._signals: list[int] = []
@@ -147,6 +150,9 @@ class AsyncWorker(WorkerBase):
         shutdown, which hands it back."""
         done = 0
         if self._handler_runs >= _worker.QUICK_RUNS and self._handler_avg < _worker.QUICK_HANDLER_S:
+            if not self._inline:
+                self._inline = True
+                self._settle_wake.set()  # it looks every ACK_LINGER_S while runs are inline
             for job in jobs:
                 if self._stopping.is_set():
                     break
@@ -163,6 +169,7 @@ class AsyncWorker(WorkerBase):
                     raise
                 if took > _worker.INLINE_MAX_S:
                     self._handler_runs = 0
+                    self._inline = False
                     break
         for job in jobs[done:]:
             self._dispatch(job)
@@ -184,8 +191,8 @@ class AsyncWorker(WorkerBase):
 
     async def _run_job(self, job: Job, inline: bool = False) -> float:
         """Runs the handler on a job and settles it; returns how long the handler took.
-        ``inline``: on the loop's own task, whose next step takes the finished job along
-        (its next poll, or the shutdown's settle): no task or event needs waking."""
+        ``inline``: on the loop's own task, whose next poll takes the finished job along:
+        no event is set for it (the settle task looks every ACK_LINGER_S meanwhile)."""
         record = job.item.record
         started = time.monotonic()
         try:
@@ -205,6 +212,8 @@ class AsyncWorker(WorkerBase):
             if not inline:
                 self._succeeded(job)
             elif job.settle("finished"):
+                # for the loop's next poll; the settle task looks every ACK_LINGER_S while
+                # runs are inline (it acks this one if a slow run holds up that poll)
                 now = time.monotonic()
                 self._finished.append((job, now - job.started, now))
         return took
@@ -239,7 +248,8 @@ class AsyncWorker(WorkerBase):
                 await drive_async(self._ack_plan(batch))
             else:
                 self._settle_wake.clear()
-                await self._wait(self._settle_wake, wait)
+                await self._wait(self._settle_wake, wait if wait is not None or not self._inline
+                                 else _worker.ACK_LINGER_S)
 
     # -- leases
 

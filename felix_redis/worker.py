@@ -134,6 +134,9 @@ class Worker(WorkerBase):
         self._threads: list[threading.Thread] = []
         self._old_handlers: dict[int, Any] = {}
         self._scheduler_stop = threading.Event()
+        #: handlers run on the poll loop's thread (QUICK_HANDLER_S): the settle thread
+        #: looks for finished jobs every ACK_LINGER_S rather than being woken for each
+        self._inline = False
 
     # -- public
 
@@ -228,31 +231,30 @@ class Worker(WorkerBase):
         how many ran (the caller hands the rest to the handler threads). An interrupt
         raised by the handler (KeyboardInterrupt, SystemExit) hands its record back, the
         rest to the handler threads (for the shutdown's grace period), and goes on up."""
-        finished: list[Finished] = []  # kept for the next ack together, one lock for all
-        try:
-            for i, job in enumerate(jobs):
-                if self._stopping.is_set():
-                    return i
-                try:
-                    took = self._run(job, finished)
-                except BaseException:
-                    for rest in jobs[i + 1:]:
-                        self._queue.put(rest)
-                    if job.settle("handed_back"):
-                        drive(self._hand_back_plan(job))
-                    raise
-                if took > INLINE_MAX_S:
-                    self._handler_runs = 0  # back to the threads until runs are quick again
-                    return i + 1
-            return len(jobs)
-        finally:
-            if finished:
-                self._add_finished_many(finished, by_loop=True)
+        if not self._inline:
+            with self._slots:
+                self._inline = True
+                self._settle.notify()  # it looks every ACK_LINGER_S while runs are inline
+        for i, job in enumerate(jobs):
+            if self._stopping.is_set():
+                return i
+            try:
+                took = self._run(job, inline=True)
+            except BaseException:
+                for rest in jobs[i + 1:]:
+                    self._queue.put(rest)
+                if job.settle("handed_back"):
+                    drive(self._hand_back_plan(job))
+                raise
+            if took > INLINE_MAX_S:
+                self._handler_runs = 0  # back to the threads until runs are quick again
+                self._inline = False
+                return i + 1
+        return len(jobs)
 
-    def _run(self, job: Job, inline: list[Finished] | None = None) -> float:
+    def _run(self, job: Job, inline: bool = False) -> float:
         """Runs the handler on a job and settles it; returns how long the handler took.
-        ``inline``: it runs on the poll loop's thread, which keeps the finished job in
-        this list (the caller adds them all at once) and takes an interrupt up."""
+        ``inline``: on the poll loop's thread, which takes an interrupt up."""
         started = time.monotonic()
         try:
             if _tracing.process is None:
@@ -264,17 +266,21 @@ class Worker(WorkerBase):
             took = self._timed(started)
             drive(self._failed_plan(job, exc))
         except BaseException as exc:
-            if inline is not None:
+            if inline:
                 raise  # (an interrupt on the loop's thread stops the worker, as it would between polls)
             took = self._timed(started)
             drive(self._failed_plan(job, exc))  # a thread has no one above it to catch SystemExit
         else:
             took = self._timed(started)
-            if inline is None:
+            if not inline:
                 self._succeeded(job)
-            elif job.settle("finished"):  # (only the loop's thread settles an inline job: no race)
+            elif job.settle("finished"):
+                # kept for the loop's next poll, which takes it along; nobody is woken (the
+                # loop is this thread; the settle thread looks every ACK_LINGER_S while runs
+                # are inline, and acks it if a slow run holds up that poll)
                 now = time.monotonic()
-                inline.append((job, now - job.started, now))
+                with self._slots:
+                    self._finished.append((job, now - job.started, now))
         return took
 
     def _release(self, job: Job) -> None:
@@ -299,19 +305,10 @@ class Worker(WorkerBase):
             self._run(job)
 
     def _add_finished(self, job: Job, duration: float) -> None:
-        self._add_finished_many([(job, duration, time.monotonic())])
-
-    def _add_finished_many(self, finished: list[Finished], by_loop: bool = False) -> None:
-        """Keeps finished jobs for the next ack. ``by_loop``: the poll loop's own thread
-        adds them (inline runs), whose next step takes them along (its next poll, or its
-        shutdown's settle): nobody else needs waking (only the loop waits on _slots)."""
         with self._slots:
-            if by_loop:
-                self._finished += finished
-                return
-            if not self._finished:
+            self._finished.append((job, duration, time.monotonic()))
+            if len(self._finished) == 1:
                 self._settle.notify()  # starts the settle thread's linger
-            self._finished += finished
             self._slots.notify_all()
 
     # -- acks, batched: with the next poll, or by the settle thread
@@ -326,7 +323,8 @@ class Worker(WorkerBase):
         while True:
             with self._settle:
                 while (turn := self._settle_turn(ACK_LINGER_S)) is not None and not turn[0]:
-                    self._settle.wait(turn[1])
+                    # (while runs are inline nobody wakes it for their finished jobs: it looks)
+                    self._settle.wait(turn[1] if turn[1] is not None or not self._inline else ACK_LINGER_S)
             if turn is None:
                 return
             drive(self._ack_plan(turn[0]))
@@ -356,6 +354,7 @@ class Worker(WorkerBase):
         """Lets running handlers finish within the grace period, hands back the rest."""
         deadline = time.monotonic() + self.grace_s
         with self._slots:
+            self._settle.notify_all()  # finished jobs no poll takes along now (acked: stopping, or their linger)
             self._slots.wait_for(lambda: not self._jobs, self.grace_s)
             left = list(self._jobs)
         for job in left:

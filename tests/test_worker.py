@@ -310,6 +310,122 @@ def test_a_quick_handler_runs_on_the_poll_loops_thread(worker_group: Callable[..
     assert c.group_describe(T, N, S, G).lag == 0
 
 
+def _unfinished(c: felix_redis.Client) -> int:
+    return sum(s.unfinished for s in c.group_describe(T, N, S, G).shards)
+
+
+class _InlineRun:
+    """A worker (sync or asyncio, on a thread of its own) whose handler is quick, fed
+    QUICK_RUNS * 2 records until it runs handlers on its poll loop; then ``batch(n,
+    last)`` publishes n - 1 quick records and ``last`` (a payload) in one call, which
+    its next poll takes as one batch."""
+
+    def __init__(self, c: felix_redis.Client, url: str, mode: str, on_last: Callable[[Any], None]) -> None:
+        from felix_redis.worker import QUICK_RUNS
+
+        self.c, self.handled = c, []  # type: ignore[var-annotated]
+        self.on_last = on_last
+        self.loop_name = ""
+        c.publish_batch(T, N, S, ["q"] * (QUICK_RUNS * 2))
+        self.worker: Any = None
+        self.ready = threading.Event()
+        if mode == "sync":
+            def handler(record: Record) -> None:
+                self.handle(record)
+
+            self.worker = Worker(c, T, N, S, G, handler, concurrency=8, grace_s=10, handle_signals=False)
+            self.runner = threading.Thread(target=self.worker.run, name="the-loop")
+        else:
+            async def ahandler(record: Record) -> None:
+                self.handled.append(threading.current_thread().name)
+                if record.payload != b"q":
+                    await asyncio.to_thread(self.on_last, self)  # (awaits: the event loop runs on)
+
+            def run() -> None:
+                async def main() -> None:
+                    async with aio.connect(url) as client:
+                        self.worker = AsyncWorker(client, T, N, S, G, ahandler, concurrency=8, grace_s=10,
+                                                  handle_signals=False)
+                        self.aloop = asyncio.get_running_loop()
+                        self.ready.set()
+                        await self.worker.run()
+
+                asyncio.run(main())
+
+            self.runner = threading.Thread(target=run, name="the-loop")
+        self.mode = mode
+        self.runner.start()
+        deadline = time.monotonic() + 20
+        while (len(self.handled) < QUICK_RUNS * 2 or _unfinished(c)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.handled) == QUICK_RUNS * 2 and _unfinished(c) == 0
+
+    def handle(self, record: Record) -> None:
+        self.handled.append(threading.current_thread().name)
+        if record.payload != b"q":
+            self.on_last(self)
+
+    def stop(self) -> None:
+        if self.mode == "sync":
+            self.worker.stop()
+        else:
+            self.aloop.call_soon_threadsafe(self.worker.stop)
+
+    def join(self) -> None:
+        self.runner.join(15)
+        assert not self.runner.is_alive()
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_records_run_inline_are_acked_while_a_slow_one_holds_up_the_next_poll(
+    worker_group: Callable[..., felix_redis.Client], redis_url: str, mode: str
+) -> None:
+    """A quick handler runs on the poll loop, whose next poll carries the acks; when one
+    record of the batch turns slow, the records finished before it in that batch are
+    acked within the ack linger all the same (a crash then redelivers only what did not
+    finish), not after the slow one."""
+    c = worker_group()
+    seen: list[int] = []
+
+    def slow(run: _InlineRun) -> None:
+        assert run.handled[-1] == "the-loop"  # on the poll loop (or its event loop's task)
+        seen.append(_unfinished(run.c))
+        deadline = time.monotonic() + 3
+        while _unfinished(run.c) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(_unfinished(run.c))
+
+    run = _InlineRun(c, redis_url, mode, slow)
+    c.publish_batch(T, N, S, ["q", "q", "q", "slow"])
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run.stop()
+    run.join()
+    assert seen[1] == 1, f"while the slow record ran, Redis held {seen} unfinished (want the slow one only)"
+    assert _unfinished(c) == 0
+
+
+def test_stop_during_an_inline_batch_acks_what_finished_without_waiting_out_the_grace(
+    worker_group: Callable[..., felix_redis.Client], redis_url: str
+) -> None:
+    """stop() while the poll loop runs a batch's handlers: the records it finished are
+    acked at the shutdown, which does not wait out grace_s for them."""
+    c = worker_group()
+    stopped: list[float] = []
+
+    def stop_now(run: _InlineRun) -> None:
+        run.stop()
+        stopped.append(time.monotonic())
+
+    run = _InlineRun(c, redis_url, "sync", stop_now)
+    c.publish_batch(T, N, S, ["q", "q", "q", "stop"])
+    run.join()
+    took = time.monotonic() - stopped[0]
+    assert took < 5, f"the shutdown took {took:.1f}s (grace_s is 10)"
+    assert _unfinished(c) == 0 and run.worker.stats.processed == len(run.handled)
+
+
 def test_a_slow_run_sends_the_batch_back_to_the_handler_threads(
     worker_group: Callable[..., felix_redis.Client],
 ) -> None:
