@@ -34,7 +34,6 @@ from felix_redis._driver import (
 )
 from felix_redis.checks import KEEP, Extras, publish_extras
 from felix_redis.connection import (
-    ASYNC_POOL_KEEPS_CONNECTIONS,
     async_client,
     default_retry_for,
     resolve_url,
@@ -124,8 +123,7 @@ class AsyncClient(_AwaitsToItself):
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.core.cluster = self._cluster
-        if ASYNC_POOL_KEEPS_CONNECTIONS:
-            watch_connects(redis_client, self._connected)
+        watch_connects(redis_client, self._connected)
         self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()
         self._pool = lane_pool(redis_client)  # as Client._pool

@@ -718,22 +718,6 @@ class _ConnectWatch:
                 callback(conn)
 
 
-def _redis_major() -> int:
-    try:
-        import redis
-
-        return int(str(redis.__version__).split(".", 1)[0])
-    except (ImportError, ValueError):
-        return 0
-
-
-#: redis.asyncio before 8 connects a pooled connection again on a new socket for every
-#: call the client makes (measured with 7.4), so a reconnect there tells nothing: an
-#: asyncio client watches its pool only from redis-py 8 on (before, a silent reconnect
-#: after a restart is caught by the sharded groups' 30 s re-ask, KNOWN_IDLE_S).
-ASYNC_POOL_KEEPS_CONNECTIONS = _redis_major() >= 8
-
-
 def watch_connects(raw: Any, callback: Any) -> None:
     """Has ``callback(connection)`` (a bound method: kept as a weak reference) called
     whenever a connection of ``raw``'s pool connects again after it was connected

@@ -507,7 +507,7 @@ class AsyncLane:
             self.awaiting_reply = False
         elif conn.is_connected:
             try:
-                if await conn.can_read():
+                if await _async_can_read(conn):
                     await conn.disconnect()
             except Exception:  # as the pool does: any doubt, reconnect
                 await conn.disconnect()
@@ -519,6 +519,17 @@ class AsyncLane:
         if conn is not None and not self.in_use:
             with contextlib.suppress(Exception):
                 await conn.disconnect()
+
+
+async def _async_can_read(conn: Any) -> bool:
+    """Whether a redis.asyncio connection between calls holds unread bytes (or is
+    closed): ``can_read`` since redis-py 8, ``can_read_destructive`` before (7.4, our
+    floor, has only that one; asking for the missing ``can_read`` raised, and the lane
+    took that for doubt and reconnected before every call)."""
+    check = getattr(conn, "can_read", None)
+    if check is None:
+        check = conn.can_read_destructive
+    return bool(await check())
 
 
 def _async_writer(conn: Any) -> Any:

@@ -342,6 +342,40 @@ def test_sharded_long_poll_across_all_shards(backend: tuple[str, Any]) -> None:
     run(backend[0], scenario)
 
 
+def test_a_reconnect_makes_the_sharded_group_ask_again_and_calls_alone_do_not(redis_url: str) -> None:
+    """An asyncio client watches its connections as the sync one does: calls on a kept
+    connection leave the client's epoch alone (the group keeps what it knows of idle
+    shards), a connection the server dropped and the client made again bumps it once
+    (the group asks every shard again: a restart may have rolled the logs back)."""
+    import redis
+
+    async def main() -> None:
+        client = fa.connect(redis_url)
+        killer = redis.Redis.from_url(redis_url)
+        try:
+            await client.stream_create(T, N, "reconnects", shards=2)
+            await client.group_create(T, N, "reconnects", G)
+            group = client.group_sharded(T, N, "reconnects", G)
+            assert await group.poll(4) == []
+            before = client.core.epoch
+            for _ in range(5):
+                await client.publish(T, N, "reconnects", b"x", shard=0)
+            assert client.core.epoch == before
+            conn = client._lane.conn  # the connection the client's calls use
+            await conn.send_command("CLIENT", "ID")
+            killer.client_kill_filter(_id=int(await conn.read_response()))
+            await asyncio.sleep(0.2)
+            await client.publish(T, N, "reconnects", b"y", shard=1)
+            assert client.core.epoch > before
+            got = await group.poll(16)
+            assert sorted(i.payload for i in got) == [b"x"] * 5 + [b"y"]
+        finally:
+            killer.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
 # --------------------------------------------------------------- producers
 
 

@@ -355,6 +355,37 @@ def test_async_connection_closed_by_the_server_is_replaced(raw: redis.Redis, red
     assert raw.xlen(f"felix:{{{T}/{N}/{S}/0}}:log") == 2
 
 
+def test_async_lane_keeps_its_connection_from_call_to_call(raw: redis.Redis, redis_url: str) -> None:
+    """The asyncio lane checks its idle connection for unread bytes before a call and
+    keeps it when there are none: the server sees no new connection however many calls
+    run, and the same client id answers before and after them (under redis-py 7.4, whose
+    asyncio connection has ``can_read_destructive`` but no ``can_read``, the check raised
+    and the lane reconnected before every call)."""
+
+    async def lane_id(client: Any) -> int:
+        conn = client._lane.conn
+        await conn.send_command("CLIENT", "ID")
+        return int(await conn.read_response())
+
+    async def main() -> tuple[int, int, int, int]:
+        client = aio.connect(redis_url, idempotent_publish=False)
+        try:
+            await client.stream_create(T, N, S)
+            await client.publish(T, N, S, b"first")
+            first = await lane_id(client)
+            before = int(raw.info("stats")["total_connections_received"])
+            for _ in range(5):
+                await client.publish(T, N, S, b"x")
+            after = int(raw.info("stats")["total_connections_received"])
+            return before, after, first, await lane_id(client)
+        finally:
+            await client.close()
+
+    before, after, first, last = asyncio.run(main())
+    assert after == before, f"{after - before} new connections for 5 calls"
+    assert first == last
+
+
 def test_async_lane_writes_to_the_transport_but_keeps_redis_pys_write_where_it_must(
     raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
