@@ -407,7 +407,7 @@ def test_async_lane_writes_to_the_transport_but_keeps_redis_pys_write_where_it_m
             async def counted(command: Any, *args: Any, **kwargs: Any) -> Any:
                 chunks = [command] if isinstance(command, (bytes, str)) else list(command)
                 if any(b"FCALL" in bytes(c) or b"EVALSHA" in bytes(c) for c in chunks if isinstance(c, bytes)):
-                    layered.append(1)  # (not a connection's own handshake: redis-py 7.4 reconnects often)
+                    layered.append(1)  # (not a handshake of a reconnect)
                 return await real(command, *args, **kwargs)
 
             monkeypatch.setattr(conn, "send_packed_command", counted)
@@ -425,7 +425,7 @@ def test_async_lane_writes_to_the_transport_but_keeps_redis_pys_write_where_it_m
             monkeypatch.setattr(conn, "health_check_interval", 0)
             layered.clear()
             transport = conn._writer.transport
-            # bytes still queued (on the class: redis-py 7.4 gives the connection a new transport per call)
+            # bytes still queued (patched on the class: it holds for a transport made by a reconnect too)
             monkeypatch.setattr(type(transport), "get_write_buffer_size", lambda self: 1)
             assert (await client.publish(T, N, S, b"z")).offset == 5
             assert layered == [1]
@@ -456,7 +456,7 @@ def test_async_lane_write_failure_drops_the_connection_and_the_call_fails_as_red
                     raise failures.pop()
                 real(writer, data)
 
-            # (on the class: redis-py 7.4 gives the lane's connection a new stream per call)
+            # (patched on the class: it holds for a stream made by a reconnect too)
             monkeypatch.setattr(asyncio.StreamWriter, "write", flaky)
             assert (await client.publish(T, N, S, b"b")).offset == 1
             assert failures == []
