@@ -239,8 +239,51 @@ class FelixAsync(AsyncDriver, Felix):
         self.close_loop()
         super().close()
 
+    def measure_paired(self) -> Sample:
+        """The asyncio ``publish`` against issue 23's floor for it, redis.asyncio's
+        ``xadd`` of one field, awaited one after the other on the driver's one event loop,
+        taking turns in slices of ``PAIRED_SLICE`` calls as :meth:`Felix.measure_paired`
+        does (which goes first alternates). The sample's rate is the publishes';
+        ``paired_floor_rate`` the XADDs' of the same slices."""
+        import redis.asyncio as aioredis
+
+        slices = max(2, self.cfg.jobs // PAIRED_SLICE)
+        budget = Budget(self.cfg.timeout_s, f"{self.name} enqueue-paired")
+        spent = {"publish": 0.0, "xadd": 0.0}
+        key = "bench:paired-async-xadd"
+
+        async def run() -> None:
+            r = aioredis.Redis.from_url(self.cfg.redis_url)
+            publish = self.client.publish
+
+            async def xadds() -> None:
+                for _ in range(PAIRED_SLICE):
+                    await r.xadd(key, {"ts": repr(time.monotonic())})
+
+            async def publishes() -> None:
+                for _ in range(PAIRED_SLICE):
+                    await publish(*NAME, PACK.pack(time.monotonic()))
+
+            try:
+                for i in range(slices):
+                    budget.check(i, slices)
+                    for what, part in (("xadd", xadds), ("publish", publishes))[:: 1 if i % 2 else -1]:
+                        start = time.monotonic()
+                        await part()
+                        spent[what] += time.monotonic() - start
+            finally:
+                await r.delete(key)
+                await r.aclose()
+
+        self.arun(run())
+        calls = slices * PAIRED_SLICE
+        return Sample(jobs=calls, seconds=spent["publish"],
+                      info={"paired_floor_rate": round(calls / spent["xadd"], 1) if spent["xadd"] else 0.0})
+
     def scenarios(self) -> list[Scenario]:
-        return RedisSystem.scenarios(self)
+        enqueue, *rest = RedisSystem.scenarios(self)
+        # the paired row's ratio is to redis.asyncio's XADD in the same slices (issue 23)
+        return [enqueue, Scenario("enqueue-paired", "enqueue", self.measure_paired, floor="enqueue"), *rest]
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         async def main() -> None:
