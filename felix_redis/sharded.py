@@ -418,12 +418,13 @@ class ShardedPoll:
         out, and any other error."""
         calls: list[Eval | Cmd] = [self.poll_call(source, shard, want) for shard, want in asks]
         carried = [len(c.args) > 3 for c in calls]
-        acked: list[str] = []  # the claims the ack calls name, in order
+        acked: list[tuple[int, list[int]]] = []  # what the ack calls settle, in order
         for other in (self.sources if carry_all else (source,)):
-            calls += [self.ack_call(other, shard, offsets) for shard, offsets in other.acks.items()]
-            carried += [True] * len(other.acks)
-            acked += [f"{shard}:{offset}" for shard, offsets in other.acks.items() for offset in offsets]
-            other.acks.clear()
+            if other.acks:
+                calls += [self.ack_call(other, shard, offsets) for shard, offsets in other.acks.items()]
+                carried += [True] * len(other.acks)
+                acked += other.acks.items()
+                other.acks = {}
         looks, where = (self.looks(source) if look else ([], {}))
         calls += looks
         carried += [False] * len(looks)
@@ -464,10 +465,11 @@ class ShardedPoll:
             raise error  # after every reply was taken: the caller decides what the records in hand become
         if ack_failure is not None:
             raise ack_failure
-        if -1 in statuses and len(statuses) == len(acked):
+        claims = [f"{shard}:{offset}" for shard, offsets in acked for offset in offsets] if -1 in statuses else []
+        if claims and len(statuses) == len(claims):
             from felix_redis.protocol import not_delivered  # (protocol imports this module)
 
-            refused = not_delivered(self.context, acked, statuses)
+            refused = not_delivered(self.context, claims, statuses)
             if not self.count:
                 raise refused  # the caller learns it (the others were settled)
             # records are leased: they are handed out (raising would let them lapse and
@@ -554,6 +556,13 @@ class ShardedPoll:
         self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))
         self.count += count
+        if count >= want:
+            # a full batch: the shard may have more. Its wake points are not kept: they
+            # serve a block (a round that handed records out makes none) and an idle
+            # shard's watch (this one is not idle)
+            self.state.idle[source.index].pop(shard, None)
+            self.cands[source.index].add(shard)
+            return True
         points = wake_points(self.cache.group_shard_keys(source.name, shard, self.group)[0], reply)
         for key, last in points:
             self.points[key], self.where[key] = last, (source.index, shard)
@@ -561,15 +570,11 @@ class ShardedPoll:
         if due >= 0:
             until = max(1, due - now + 1)
             self.block_ms = until if self.block_ms < 0 else min(self.block_ms, until)
-            if count < want and due <= now:
+            if due <= now:
                 self.due_now = True
                 self.state.idle[source.index].pop(shard, None)
                 self.cands[source.index].add(shard)
                 return True
-        if count >= want:
-            self.state.idle[source.index].pop(shard, None)
-            self.cands[source.index].add(shard)
-            return True
         at = time.monotonic()
         due_at = float("inf") if due < 0 else at + (due - now) / 1000
         if self.bell is not None and len(reply) == 7 + 4 * count:
