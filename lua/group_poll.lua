@@ -40,8 +40,12 @@
 -- the watch to the follower that pops it (lead '@ID', until this call's TTL_MS lapse),
 -- with the points to watch from (the first record not handed out yet: the rest of a
 -- burst wakes it at once, and is passed on the same way). That follower names the ring
--- in its next call (RING), which then counts as the watcher's. A watcher that dies (or a
--- ring nobody pops) is replaced by the first call after its TTL_MS lapse.
+-- in its next call (RING), which then counts as the watcher's. A call that hands out
+-- nothing while a ring is still on the bell (no follower waited to pop it: the ringer
+-- alone, or every other waiter busy) takes the watch itself and clears the bell, so a
+-- lone poller's next empty poll watches at once instead of popping its own ring. A
+-- watcher that dies (or a ring nobody pops) is replaced by the first call after its
+-- TTL_MS lapse.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none;
 -- {key, headers, due ms, expiry ms} for a record with any of the last three), payload},
@@ -572,7 +576,13 @@ if waiter then
   local role = 0
   if n == 0 then
     role = 2
-    if not live or mine then
+    -- a ring still on the bell is one no follower waited for (a blocked BZPOPMIN pops
+    -- it as soon as it is rung): nothing was handed out, so this caller watches itself
+    local unpopped = rung and holder and s_sub(holder, 1, 1) == '@'
+    if not live or mine or unpopped then
+      if rung then
+        redis.call('DEL', bell)  -- (at most one member: a ring for a watch now this caller's)
+      end
       lexp = now + watch_ttl
       redis.call('HSET', K.group, 'lead', waiter .. ' ' .. fmt(lexp))
       role = 1

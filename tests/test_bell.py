@@ -200,6 +200,42 @@ def test_a_lone_poller_keeps_its_watch(redis_client: felix_redis.Client, sharded
     assert time.monotonic() - start < 0.2 + 0.3
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_lone_taker_watches_again_without_popping_its_own_ring(
+        redis_client: felix_redis.Client, raw: redis.Redis, sharded: bool) -> None:
+    """A poller alone takes a record: its poll gives the watch up and rings the bell (it
+    cannot know nobody follows). Its next poll hands out nothing and finds the ring still
+    on the bell, unpopped: it watches at once (clearing the bell) rather than follow and
+    pop its own ring, a round trip more before each next record. The next record reaches
+    it at once, with one XREAD and no BZPOPMIN."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    group = redis_client.group_sharded(T, N, S, G) if sharded else None
+    bell = f"felix:{{{T}/{N}/{S}/0}}:g:{G}:bell"
+
+    def poll(wait: float, ack: list[Any]) -> list[Any]:
+        if group is not None:
+            return group.poll(1, wait=wait, ack=ack)
+        return redis_client.group_poll(T, N, S, 0, G, wait=wait, ack=ack)
+
+    redis_client.publish(T, N, S, b"first")
+    first = poll(2.0, [])
+    assert [r.payload for r in first] == [b"first"]
+    assert raw.zcard(bell) == 1  # the ring: nobody watches now
+    raw.config_resetstat()
+    threading.Timer(0.3, lambda: redis_client.publish(T, N, S, b"second")).start()
+    second = poll(2.0, first)  # nothing yet: it watches, and wakes on the publish
+    assert [r.payload for r in second] == [b"second"]
+    stats = raw.info("commandstats")
+    assert "cmdstat_bzpopmin" not in stats, stats.get("cmdstat_bzpopmin")
+    assert stats["cmdstat_xread"]["calls"] == 1
+    if group is not None:
+        group.ack_many(second)
+        group.close()
+    else:
+        redis_client.group_ack_many(T, N, S, 0, G, second)
+    assert redis_client.group_describe(T, N, S, G).pending == 0
+
 def test_a_watcher_that_stops_polling_is_replaced(
         redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
     """A poller takes the watch with wait=0.3 and never polls again (a crash, a worker
