@@ -236,6 +236,7 @@ def test_a_lone_taker_watches_again_without_popping_its_own_ring(
         redis_client.group_ack_many(T, N, S, 0, G, second)
     assert redis_client.group_describe(T, N, S, G).pending == 0
 
+
 def test_a_watcher_that_stops_polling_is_replaced(
         redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
     """A poller takes the watch with wait=0.3 and never polls again (a crash, a worker
