@@ -201,12 +201,14 @@ class Job:
 
     __slots__ = ("abandoned", "item", "lock", "renewed", "started", "state")
 
-    def __init__(self, item: Item) -> None:
+    def __init__(self, item: Item, started: float | None = None, lock: threading.Lock | None = None) -> None:
         self.item = item
-        self.started = self.renewed = time.monotonic()
+        # (a poll's jobs share one start time and, where given, their worker's lock:
+        # settling holds it only to move the state, nothing waits under it for long)
+        self.started = self.renewed = time.monotonic() if started is None else started
         self.state = "running"
         self.abandoned = False
-        self.lock = threading.Lock()
+        self.lock = threading.Lock() if lock is None else lock
 
     def settle(self, state: str, then: Callable[[], None] | None = None) -> bool:
         """Moves a running job to ``state`` and runs ``then`` under the job's lock; False
@@ -394,6 +396,10 @@ class WorkerBase:
         self._metrics: dict[str, BoundWorkerMetrics] | None = None if metrics is None else {
             name: metrics.bind(tenant, namespace, name, group) for name in self.streams}
         self._stats_lock = threading.Lock()  # handler threads report at once; uncontended in asyncio
+        #: the lock every job of this worker settles under (Job.settle): one for all, not
+        #: one made per job; held only to move a job's state (and, for a handler thread's
+        #: job, to queue it for its ack), never while taking it again
+        self._job_lock = threading.Lock()
         # the handler's recent run time (seconds, exponential average) and how many runs
         # it is made of since the last slow inline run: whether a batch runs inline
         # (felix_redis.worker.QUICK_HANDLER_S)
@@ -518,7 +524,8 @@ class WorkerBase:
         if finished:
             self._acked(finished, ACKED)
         if items:
-            yield Call(self._dispatch_many, [Job(item) for item in items])
+            now, lock = time.monotonic(), self._job_lock
+            yield Call(self._dispatch_many, [Job(item, now, lock) for item in items])
         if not items and self.burst:
             yield Call(self._burst_check)
 

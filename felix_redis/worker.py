@@ -122,6 +122,7 @@ class Worker(WorkerBase):
         # One lock for the slots and the finished jobs: the poll loop waits on _slots,
         # the settle thread on _settle.
         lock = threading.RLock()
+        self._lock = lock  # (taken on its own where nothing waits or is woken: cheaper than the Condition)
         self._slots = threading.Condition(lock)
         self._settle = threading.Condition(lock)
         self._jobs: set[Job] = set()
@@ -230,27 +231,65 @@ class Worker(WorkerBase):
         another, until one runs longer than ``INLINE_MAX_S`` or the worker stops; returns
         how many ran (the caller hands the rest to the handler threads). An interrupt
         raised by the handler (KeyboardInterrupt, SystemExit) hands its record back, the
-        rest to the handler threads (for the shutdown's grace period), and goes on up."""
+        rest to the handler threads (for the shutdown's grace period), and goes on up.
+
+        Each job that returned is kept for the next poll's acks as soon as it returned
+        (the settle thread acks it if a slow run holds that poll up). The loop is
+        :meth:`_run` unrolled for the usual case (no tracing, the handler returns): one
+        clock reading a job (its end is the next one's start), the average kept in
+        locals, the state moved without the job's lock: nothing else settles a job run
+        here (the handler threads settle only the jobs queued to them, the shutdown runs
+        on this thread after the loop, the heartbeat only reads the state)."""
         if not self._inline:
             with self._slots:
                 self._inline = True
                 self._settle.notify()  # it looks every ACK_LINGER_S while runs are inline
-        for i, job in enumerate(jobs):
-            if self._stopping.is_set():
-                return i
-            try:
-                took = self._run(job, inline=True)
-            except BaseException:
-                for rest in jobs[i + 1:]:
-                    self._queue.put(rest)
-                if job.settle("handed_back"):
-                    drive(self._hand_back_plan(job))
-                raise
-            if took > INLINE_MAX_S:
-                self._handler_runs = 0  # back to the threads until runs are quick again
-                self._inline = False
-                return i + 1
-        return len(jobs)
+        handler, stopping, lock = self.handler, self._stopping, self._lock
+        avg, runs = self._handler_avg, self._handler_runs
+        ran, took = 0, 0.0
+        try:
+            started = time.monotonic()
+            for job in jobs:
+                if stopping.is_set():
+                    break
+                if _tracing.process is not None:
+                    self._handler_avg, self._handler_runs = avg, runs
+                    took = self._run(job, inline=True)
+                    avg, runs = self._handler_avg, self._handler_runs
+                    started = time.monotonic()
+                else:
+                    try:
+                        handler(job.item.record)
+                    except Exception as exc:
+                        self._handler_avg, self._handler_runs = avg, runs
+                        took = self._timed(started)
+                        avg, runs = self._handler_avg, self._handler_runs
+                        drive(self._failed_plan(job, exc))
+                        started = time.monotonic()
+                    else:
+                        now = time.monotonic()
+                        took, started = now - started, now
+                        avg += (took - avg) / 16
+                        runs += 1
+                        if job.state == "running":
+                            job.state = "finished"
+                            with lock:
+                                self._finished.append((job, now - job.started, now))
+                ran += 1
+                if took > INLINE_MAX_S:
+                    runs = 0  # back to the threads until runs are quick again
+                    self._inline = False
+                    break
+        except BaseException:
+            self._handler_avg, self._handler_runs = avg, runs
+            for rest in jobs[ran + 1:]:
+                self._queue.put(rest)
+            # (the job it stopped in; one that returned already is acked as usual)
+            if ran < len(jobs) and jobs[ran].settle("handed_back"):
+                drive(self._hand_back_plan(jobs[ran]))
+            raise
+        self._handler_avg, self._handler_runs = avg, runs
+        return ran
 
     def _run(self, job: Job, inline: bool = False) -> float:
         """Runs the handler on a job and settles it; returns how long the handler took.
