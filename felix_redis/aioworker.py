@@ -153,26 +153,76 @@ class AsyncWorker(WorkerBase):
             if not self._inline:
                 self._inline = True
                 self._settle_wake.set()  # it looks every ACK_LINGER_S while runs are inline
-            for job in jobs:
-                if self._stopping.is_set():
-                    break
-                self._jobs[job] = None
-                self.stats.in_flight = len(self._jobs)
-                if self._metrics:
-                    self._metrics[job.item.stream].started()
-                done += 1
-                try:
-                    took = await self._run_job(job, inline=True)
-                except BaseException:  # a cancellation: the shutdown hands this job back
-                    for rest in jobs[done:]:
-                        self._dispatch(rest)
-                    raise
-                if took > _worker.INLINE_MAX_S:
-                    self._handler_runs = 0
-                    self._inline = False
-                    break
+            if _tracing.process is None and self.hard_limit_s is None and not self._metrics:
+                done = await self._run_inline(jobs)
+            else:
+                for job in jobs:
+                    if self._stopping.is_set():
+                        break
+                    self._jobs[job] = None
+                    self.stats.in_flight = len(self._jobs)
+                    if self._metrics:
+                        self._metrics[job.item.stream].started()
+                    done += 1
+                    try:
+                        took = await self._run_job(job, inline=True)
+                    except BaseException:  # a cancellation: the shutdown hands this job back
+                        for rest in jobs[done:]:
+                            self._dispatch(rest)
+                        raise
+                    if took > _worker.INLINE_MAX_S:
+                        self._handler_runs = 0
+                        self._inline = False
+                        break
         for job in jobs[done:]:
             self._dispatch(job)
+
+    async def _run_inline(self, jobs: list[Job]) -> int:
+        """The usual case of the loop above (no tracing, no hard limit, no metrics) with
+        :meth:`_run_job` unrolled: the handler awaited here, one clock reading a job (its
+        end is the next one's start), the average kept in locals; returns how many ran.
+        The state moves without the job's lock: everything runs on the event loop's
+        thread, and nothing awaits between looking at the state and moving it."""
+        handler, stopping, running, stats = self.handler, self._stopping, self._jobs, self.stats
+        avg, runs = self._handler_avg, self._handler_runs
+        ran, took = 0, 0.0
+        try:
+            started = time.monotonic()
+            for job in jobs:
+                if stopping.is_set():
+                    break
+                running[job] = None
+                stats.in_flight = len(running)
+                ran += 1
+                try:
+                    await handler(job.item.record)
+                except Exception as exc:  # a cancellation (shutdown hands the record back) goes on
+                    self._handler_avg, self._handler_runs = avg, runs
+                    took = self._timed(started)
+                    avg, runs = self._handler_avg, self._handler_runs
+                    await drive_async(self._failed_plan(job, exc))
+                    started = time.monotonic()
+                else:
+                    now = time.monotonic()
+                    took, started = now - started, now
+                    avg += (took - avg) / 16
+                    runs += 1
+                    if job.state == "running":
+                        job.state = "finished"
+                        # for the loop's next poll; the settle task looks every ACK_LINGER_S
+                        # while runs are inline (it acks this one if a slow run holds it up)
+                        self._finished.append((job, now - job.started, now))
+                if took > _worker.INLINE_MAX_S:
+                    runs = 0  # back to tasks until runs are quick again
+                    self._inline = False
+                    break
+        except BaseException:  # a cancellation: the shutdown hands the job it was in back
+            self._handler_avg, self._handler_runs = avg, runs
+            for rest in jobs[ran:]:
+                self._dispatch(rest)
+            raise
+        self._handler_avg, self._handler_runs = avg, runs
+        return ran
 
     def _release(self, job: Job) -> None:
         self._release_many([job])
