@@ -10,6 +10,9 @@ replies) for the same work done by felix-redis and by raw Redis Streams commands
   ``idempotent_publish=False``), an empty function call, and a function doing only what
   a publish with dense offsets must (role check, ``HMGET`` of the tail, ``TIME``,
   ``XADD``, ``HSET`` of the tail): what any publish script costs at the least;
+- beside each drain batch, the least a poll script can do: ``XRANGE`` of B entries
+  returned as ``group_poll`` returns records, with no lease, check nor ack (what
+  handing records out through Lua costs, whatever else the script does);
 - with ``--held N``: ``group_poll(16, ack=...)`` while N records stay in flight below the
   group's position (the acks of later records are then remembered in its done runs),
   against the same poll on a group with none held and with the fewest given, counted
@@ -50,10 +53,23 @@ from bench.report import emit
 
 T, N, S, G, G2 = "bench", "bench", "jobs", "g", "g2"
 PAYLOAD = b"x" * 64
-#: The least a publish script can do (KEYS: meta hash, log stream; ARGV: payload), and
-#: an empty function: what the script call itself costs.
+#: The least a publish script can do (KEYS: meta hash, log stream; ARGV: payload), an
+#: empty function (what the script call itself costs), and the least a poll script can
+#: do (KEYS: a log stream; ARGV: the first entry ID to read, COUNT): read the entries
+#: with XRANGE and return them as group_poll does (entry ID, attempts, key, payload
+#: each), with no lease, check nor ack: what handing records out through Lua costs.
 FLOOR_LIBRARY = """#!lua name=felixbench_floor
 redis.register_function('felixbench_empty', function(keys, args) return 1 end)
+redis.register_function('felixbench_least_poll', function(keys, args)
+  local es = redis.call('XRANGE', keys[1], args[1], '+', 'COUNT', args[2])
+  local out, o = {0, -1, 0, 0, #es}, 5
+  for i = 1, #es do
+    local e = es[i]
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = e[1], 1, false, e[2][2]
+    o = o + 4
+  end
+  return out
+end)
 redis.register_function('felixbench_publish', function(keys, args)
   if redis.acl_check_cmd then redis.acl_check_cmd('EVALSHA', '0', '1', keys[1] .. ':cap') end
   local m = redis.call('HMGET', keys[1], 'tail', 'max_payload', 'created', 'first')
@@ -199,6 +215,7 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
     with server(keep) as cg:
         raw = redis.Redis.from_url(cg.url)
         out["redis"] = raw.info("server")["redis_version"]
+        raw.function_load(FLOOR_LIBRARY, replace=True)
         client = felix_redis.connect(cg.url)
         runner = getattr(client, "_runner", None)  # clients before the function library have none
         if runner is not None:
@@ -234,13 +251,23 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
                 reply = raw.xreadgroup("g", "c", {f"raw{b}": ">"}, count=b)
                 raw.xack(f"raw{b}", "g", *[entry_id for entry_id, _ in reply[0][1]])
 
+            cursor = ["-"]
+
+            def least_poll(b: int = b, cursor: list[str] = cursor) -> None:
+                # the raw stream's entries have the log's shape (one field p); read on from
+                # the last one returned (XREADGROUP's reads do not consume them)
+                reply = raw.fcall("felixbench_least_poll", 1, f"raw{b}", cursor[0], b)
+                cursor[0] = "(" + reply[5 + 4 * (int(reply[4]) - 1)].decode()
+
             for _ in range(5):  # warm: scripts loaded, keys created
                 felix_separate()
                 felix_batch()
                 raw_batch()
+                least_poll()
             felix = cg.count(repeat(felix_batch, rounds), f"poll_{b}") / rounds
             separate = cg.count(repeat(felix_separate, rounds), f"poll_then_ack_{b}") / rounds
             floor = cg.count(repeat(raw_batch, rounds), f"raw_xreadgroup_xack_{b}") / rounds
+            least = cg.count(repeat(least_poll, rounds), f"least_poll_{b}") / rounds
             client.group_ack_many(T, N, stream, 0, G, held)
             out[f"drain_batch_{b}"] = {
                 "felix_per_batch": round(felix), "raw_per_batch": round(floor),
@@ -248,6 +275,8 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
                 "felix_over_raw": round(felix / floor, 2),
                 "felix_separate_acks_per_batch": round(separate),
                 "felix_separate_acks_over_raw": round(separate / floor, 2),
+                "least_poll_script_per_batch": round(least), "least_poll_script_per_job": round(least / b),
+                "least_poll_script_over_raw": round(least / floor, 2),
             }
         if held_back:
             out.update(held_back_counts(cg, client, held_back, rounds))
@@ -259,7 +288,6 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
         plain_client.publish(T, N, "pub", PAYLOAD)  # settings cached before counting
         plain = cg.count(repeat(lambda: plain_client.publish(T, N, "pub", PAYLOAD), publishes), "publish_plain")
         plain_client.close()
-        raw.function_load(FLOOR_LIBRARY, replace=True)
         raw.hset("{floor}:meta", mapping={"tail": 0, "max_payload": 1 << 20, "created": 1, "first": 0})
         for _ in range(5):  # warm: the new library's first calls are not what is counted
             raw.fcall("felixbench_empty", 0)
