@@ -196,9 +196,13 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     assert held["felix_per_batch"] > 0 and held["over_none_held"] > 0 and held["over_8_held"] == 1.0
     # --keep: one callgrind dump per part, named
     assert {p.name for p in kept.iterdir()} == {
-        "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind",
+        "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind", "least_poll_4.callgrind",
         "poll_16_held_0.callgrind", "poll_16_held_8.callgrind", "publish.callgrind",
         "raw_xadd.callgrind", "publish_plain.callgrind", "empty_function.callgrind", "least_publish_script.callgrind"}
+    # handing the records out is part of what a felix poll does, so it costs less
+    drain = data["drain_batch_4"]
+    assert 0 < drain["least_poll_script_per_batch"] < drain["felix_per_batch"]
+    assert drain["least_poll_script_per_job"] * 4 == pytest.approx(drain["least_poll_script_per_batch"], abs=4)
     # the least a publish script does costs less than felix's plain publish, which costs
     # less than the default one (producer state too)
     pub = data["publish"]
