@@ -155,6 +155,15 @@ def ack_offsets(refs: Iterable[Any], shard: int) -> list[int]:
     return offsets
 
 
+def poll_ack_args(offsets: list[int]) -> list[Any]:
+    """A poll's acks as the poll script takes them: consecutive offsets in order (a
+    batch acked whole, the usual case) as one run ``'FIRST-LAST'``, which the script
+    settles without a string or table per record; anything else one by one."""
+    if len(offsets) > 1 and offsets == list(range(offsets[0], offsets[0] + len(offsets))):
+        return [f"{offsets[0]}-{offsets[-1]}"]
+    return offsets
+
+
 #: 366 days, the longest delay or expiry a publish takes (ms).
 MAX_TIME_AHEAD_MS = 366 * 24 * 3600 * 1000
 #: Header limits (docs/concepts.md): names, count, bytes of names and values in all.

@@ -28,6 +28,7 @@ from felix_redis.checks import (
     check_list,
     check_rate_limit,
     offsets_of,
+    poll_ack_args,
     resolve,
     seconds_to_ms,
 )
@@ -1006,7 +1007,7 @@ class Core:
         deadline = time.monotonic() + wait_ms / 1000
         args: list[Any] = [max_records, consumer or "", 1 if reclaim else 0]
         if ack is not None:
-            args += ack_offsets(ack, shard)
+            args += poll_ack_args(ack_offsets(ack, shard))
         again = 0
         # a long poll takes part in the group's watch (lua/group_poll.lua): one waiter
         # blocks on the log, the others on the bell, so a record wakes one of them

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
+from felix_redis.checks import poll_ack_args
 from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX, WATCH_MARGIN_MS
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
@@ -541,7 +542,7 @@ class ShardedPoll:
             self.state.ring = ""
             keys = [*keys, self.bell]
         if shard in source.acks:
-            args += source.acks.pop(shard)
+            args += poll_ack_args(source.acks.pop(shard))
         return Eval("group_poll", keys, args, context, source.settings.replicas)
 
     def ack_call(self, source: Source, shard: int, offsets: list[int]) -> Eval:

@@ -24,7 +24,9 @@
 -- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
 --                      polling, as group_ack does (one round trip for both), except
 --                      that they go all together: one never delivered fails the poll
---                      before anything is written (a poll has no place to report it)
+--                      before anything is written (a poll has no place to report it);
+--                      or, alone, one run 'FIRST-LAST' (FIRST < LAST, at most 10000
+--                      offsets): the same as its offsets given one by one
 --
 -- Role: group.consume, checked first (lua/includes/acl.lua) on the capability key
 -- PREFIXcap:{TAG}:g:GROUP:consume, derived from KEYS[3]; never passed nor accessed.
@@ -79,8 +81,12 @@ if #ARGV[3] > 1 then
   rung = nb > 0  -- (a ring nobody took yet: ringing again changes nothing)
 end
 if #ARGV > 10003 then fail('INVALID', 'a poll acks at most 10000 offsets') end
-local acks, ack_offs = nil, nil
-if #ARGV > 3 then acks, ack_offs = offset_args(4) end
+local acks, ack_offs, ack_a, ack_b = nil, nil, nil, nil
+if #ARGV == 4 and s_find(ARGV[4], '-', 1, true) then
+  ack_a, ack_b = run_arg(ARGV[4], 'ARGV[4]')
+elseif #ARGV > 3 then
+  acks, ack_offs = offset_args(4)
+end
 local K = group_role_keys()
 local S = load_group(K)
 local now = now_ms()
@@ -108,7 +114,11 @@ end
 
 -- 0. Acks, exactly as group_ack would: the records the caller finished leave before
 -- new ones are leased.
-if acks then ack_many(K, S, acks, ack_offs) end
+if ack_a then
+  ack_run(K, S, ack_a, ack_b)
+elseif acks then
+  ack_many(K, S, acks, ack_offs)
+end
 
 -- 1. Reclaim: this consumer's in-flight records become owed, due before everything else.
 local reclaimed = false

@@ -161,6 +161,103 @@ def test_script_checks_ack_offsets_before_writing(redis_client: Client, raw: Any
     assert [r.offset for r in got] == [0, 1]
 
 
+def test_a_run_of_acks_settles_exactly_as_its_offsets_one_by_one(redis_client: Client, raw: Any) -> None:
+    """A poll's acks given as one run 'FIRST-LAST' (what the client sends for a batch
+    acked whole) settle exactly as the same offsets given one by one: two groups walk
+    the same stream, one acking by runs, the other by offsets, through every case of
+    the run's quick path and past it (a whole lease at the position and above it, part
+    of a lease, records finished, redelivered or owed in the run, a named consumer's,
+    the same run twice); their deliveries and states match at every step."""
+    make(redis_client, records=40)
+    make(redis_client, group="twin")
+    name = redis_client.core.name(T, N, S)
+
+    def poll(want: int, first: int = -1, last: int = -1, consumer: str = "") -> list[list[tuple[int, int]]]:
+        out = []
+        for group in (G, "twin"):
+            keys = [*name.shard_keys(0), *name.group_key_list(0, group)]
+            acks = [] if first < 0 else [f"{first}-{last}"] if group == G else [str(o) for o in range(first, last + 1)]
+            reply = run_script(redis_client, "group_poll", keys, [str(want), consumer, "0", *acks])
+            out.append([(int(reply[5 + 4 * i].split(b"-")[0]), int(reply[6 + 4 * i])) for i in range(int(reply[4]))])
+        assert out[0] == out[1]
+        assert state(redis_client) == state(redis_client, group="twin")
+        return out
+
+    assert poll(8)[0] == [(o, 1) for o in range(8)]
+    poll(4, 0, 7)  # a whole lease at the position: the position moves over it (8..11 leased)
+    assert state(redis_client)[0] == 8
+    poll(4)  # 12..15, a lease of its own
+    poll(1, 12, 15)  # a whole lease above the position (8..11 in flight): remembered as done
+    assert state(redis_client)[0] == 8
+    poll(6, 8, 11)  # the lease at the position: it moves over both runs (17..22 leased)
+    assert state(redis_client)[0] == 16
+    poll(1, 18, 20)  # part of a lease
+    poll(1, 16, 23)  # a run over finished records, lease pieces and a lease of its own
+    assert state(redis_client)[:3] == (24, 16, 1)
+    for group in (G, "twin"):
+        redis_client.group_nack(T, N, S, 0, group, "0:24:1")
+    assert poll(2)[0] == [(24, 2), (25, 1)]  # 24 again (attempts 2), then 25
+    poll(1, 24, 25)  # a run with a redelivered record (its attempts kept)
+    assert state(redis_client)[:3] == (26, 14, 1)
+    poll(2)  # 27, 28
+    for group in (G, "twin"):
+        redis_client.group_nack(T, N, S, 0, group, "0:27:1", delay=60)
+    poll(1, 26, 28)  # a run with an owed record in it
+    assert state(redis_client)[:4] == (29, 11, 1, 0)
+    poll(1, 26, 28)  # the same run again changes nothing
+    assert state(redis_client)[:3] == (29, 11, 2)
+    assert poll(4, consumer="w-1")[0] == [(o, 1) for o in range(31, 35)]
+    poll(1, 31, 34, consumer="w-1")  # a named consumer's records
+    assert state(redis_client)[:3] == (29, 11, 3)
+    before = dump_keyspace(raw)
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G)]
+    with pytest.raises(Exception, match="FELIX_NOT_FOUND record 36 has not been delivered"):
+        run_script(redis_client, "group_poll", keys, ["4", "", "0", "35-36"])
+    assert dump_keyspace(raw) == before
+
+
+def test_the_script_refuses_a_bad_run_of_acks_before_writing(redis_client: Client, raw: Any) -> None:
+    """A crafted 'FIRST-LAST' ack (redis-cli, another client) that is not a run of at
+    most 10000 plainly written offsets is refused with INVALID, nothing written."""
+    make(redis_client, records=3)
+    redis_client.group_poll(T, N, S, 0, G, max_records=2)
+    name = redis_client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G)]
+    before = dump_keyspace(raw)
+    for bad in ["1-0", "1-1", "01-1", "0-01", "0-", "-1", "-0-1", "0-1-2", "0--1", "0-1 ", "0-1e3", "0x1-2",
+                "0-10000", "0-9999999999999999", "4503599627370497-4503599627370498"]:
+        with pytest.raises(Exception, match="FELIX_INVALID ARGV\\[4\\] must be offsets or one run"):
+            run_script(redis_client, "group_poll", keys, ["16", "", "0", bad])
+        assert dump_keyspace(raw) == before, bad
+    # a run goes alone: beside other offsets its '-' makes it no offset
+    with pytest.raises(Exception, match="FELIX_INVALID"):
+        run_script(redis_client, "group_poll", keys, ["16", "", "0", "0-1", "2"])
+    assert dump_keyspace(raw) == before
+
+
+def test_the_client_sends_a_batch_acked_whole_as_one_run(redis_client: Client, raw: Any) -> None:
+    """group_poll(ack=<the previous batch>) sends its offsets as one run, and the
+    README's sharded loop does too; offsets out of order or with gaps go one by one.
+    (What the script does with either is the same: the test above.)"""
+    from felix_redis.checks import poll_ack_args
+
+    assert poll_ack_args([4, 5, 6]) == ["4-6"]
+    assert poll_ack_args([4]) == [4]
+    assert poll_ack_args([4, 6]) == [4, 6]
+    assert poll_ack_args([5, 4]) == [5, 4]
+    assert poll_ack_args([4, 4]) == [4, 4]
+    assert poll_ack_args([]) == []
+    make(redis_client, records=8)
+    got = redis_client.group_poll(T, N, S, 0, G, max_records=4)
+    with raw.monitor() as monitor:
+        redis_client.group_poll(T, N, S, 0, G, max_records=4, ack=got)
+        for command in monitor.listen():
+            if "fcall" in command["command"].lower() or "evalsha" in command["command"].lower():
+                assert command["command"].endswith(" 0-3"), command["command"]
+                break
+    assert state(redis_client)[:3] == (4, 4, 4)
+
+
 def test_sharded_poll_acks_each_shard(client: Client) -> None:
     make(client, records=3, shards=4)
     group = client.group_sharded(T, N, S, G)

@@ -426,46 +426,6 @@ def test_stop_during_an_inline_batch_acks_what_finished_without_waiting_out_the_
     assert _unfinished(c) == 0 and run.worker.stats.processed == len(run.handled)
 
 
-def test_asyncio_a_slow_run_on_the_loops_task_sends_the_rest_of_its_batch_to_tasks(
-    worker_group: Callable[..., felix_redis.Client], redis_url: str
-) -> None:
-    """AsyncWorker: once the handler is quick its runs are awaited on the loop's own task;
-    the first slow run there sends the rest of its batch to tasks of their own (they do
-    not wait behind it one by one), and all of it is acked."""
-    from felix_redis.worker import QUICK_RUNS
-
-    c = worker_group()
-    c.publish_batch(T, N, S, ["q"] * (QUICK_RUNS * 2))
-    seen: list[tuple[bytes, Any]] = []
-
-    async def handler(record: Record) -> None:
-        seen.append((record.payload, asyncio.current_task()))
-        if record.payload == b"slow":
-            await asyncio.sleep(0.05)
-
-    async def main() -> tuple[AsyncWorker, Any]:
-        async with aio.connect(redis_url) as client:
-            w = AsyncWorker(client, T, N, S, G, handler, concurrency=8, poll_wait_s=0.2, handle_signals=False)
-            run = asyncio.create_task(w.run())
-            deadline = time.monotonic() + 20
-            while (len(seen) < QUICK_RUNS * 2 or _unfinished(c)) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            await asyncio.to_thread(c.publish_batch, T, N, S, ["slow", "q", "q", "q"])
-            while (len(seen) < QUICK_RUNS * 2 + 4 or _unfinished(c)) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            w.stop()
-            await run
-            return w, run
-
-    w, run = asyncio.run(main())
-    assert any(task is run for _, task in seen[:QUICK_RUNS * 2]), "the quick runs never ran on the loop's task"
-    batch = seen[QUICK_RUNS * 2:]
-    assert [payload for payload, _ in batch] == [b"slow", b"q", b"q", b"q"]
-    assert batch[0][1] is run
-    assert all(task is not run for _, task in batch[1:])
-    assert w.stats.processed == QUICK_RUNS * 2 + 4 and _unfinished(c) == 0
-
-
 def test_a_slow_run_sends_the_batch_back_to_the_handler_threads(
     worker_group: Callable[..., felix_redis.Client],
 ) -> None:

@@ -242,6 +242,57 @@ local function ack_many(K, S, ms, offs, statuses, each)
   return out
 end
 
+-- A run of offsets 'FIRST-LAST' (a poll's acks when they are consecutive: the previous
+-- batch, the usual case) as two numbers; fails INVALID unless both are offsets written
+-- plainly (no sign, leading zero or exponent), FIRST < LAST, at most 10000 offsets.
+-- Writes nothing.
+local function run_arg(v, what)
+  local a_s, b_s = s_match(v, '^(%d+)%-(%d+)$')
+  local a, b = a_s and #a_s <= 15 and #b_s <= 15 and tonumber(a_s), b_s and tonumber(b_s)
+  if not a or not b or (#a_s > 1 and s_byte(a_s, 1) == 48) or (#b_s > 1 and s_byte(b_s, 1) == 48)
+      or a >= b or b - a >= 10000 or b > 2 ^ 52 then
+    fail('INVALID', what .. " must be offsets or one run 'FIRST-LAST' (FIRST < LAST, at most 10000), got "
+      .. s_sub(v, 1, 40))
+  end
+  return a, b
+end
+
+-- Acks the delivered records a..b exactly as ack_many does for their offsets (a poll's
+-- acks: one never delivered fails the call before its first write). The usual case
+-- costs no string nor table per record: the run is one whole lease (so every record in
+-- it is in flight, none owed nor finished: leases never overlap and hold only records
+-- in flight) at or above the position, with no attempts to drop (none of them was
+-- delivered twice: the attempts key is missing) nor owners (anonymous leases); then
+-- ack_many would remove that lease and move the position over the run or remember it
+-- as a done run, which is what is done here. Anything else goes through ack_many.
+local function ack_run(K, S, a, b)
+  if b >= S.next then
+    fail('NOT_FOUND', 'record ' .. fmt(math.max(a, S.next)) .. ' has not been delivered to this group (next is '
+      .. fmt(S.next) .. ')')
+  end
+  if a >= S.pos and not S.cons and K.types.attempts == 'none' then
+    local first, last = lease_holding(K, a)
+    if first == a and last == b then
+      local m = fmt(a)
+      redis.call('ZREM', K.lease, m)
+      redis.call('ZREM', K.held, m)  -- (lease_holding found the lease in held)
+      if a == S.pos then
+        S.pos = b + 1
+        advance_done(K, S)
+        S.dirty = true
+      else
+        add_run(K, S, a, b)
+      end
+      return
+    end
+  end
+  local ms, offs = {}, {}
+  for off = a, b do
+    ms[#ms + 1], offs[#offs + 1] = fmt(off), off
+  end
+  ack_many(K, S, ms, offs)
+end
+
 -- The claim (off, attempts) must be current: record in flight, same attempts, lease
 -- not lapsed. Returns the record's member string and its lease {first, last, expiry}
 -- (for unlease); fails STALE_CLAIM otherwise.
