@@ -181,6 +181,8 @@ def test_a_run_of_acks_settles_exactly_as_its_offsets_one_by_one(redis_client: C
             out.append([(int(reply[5 + 4 * i].split(b"-")[0]), int(reply[6 + 4 * i])) for i in range(int(reply[4]))])
         assert out[0] == out[1]
         assert state(redis_client) == state(redis_client, group="twin")
+        # (and the same attempts kept: those of finished records are dropped)
+        assert raw.hgetall(name.group_key_list(0, G)[3]) == raw.hgetall(name.group_key_list(0, "twin")[3])
         return out
 
     assert poll(8)[0] == [(o, 1) for o in range(8)]
@@ -206,13 +208,24 @@ def test_a_run_of_acks_settles_exactly_as_its_offsets_one_by_one(redis_client: C
     assert state(redis_client)[:4] == (29, 11, 1, 0)
     poll(1, 26, 28)  # the same run again changes nothing
     assert state(redis_client)[:3] == (29, 11, 2)
-    assert poll(4, consumer="w-1")[0] == [(o, 1) for o in range(31, 35)]
-    poll(1, 31, 34, consumer="w-1")  # a named consumer's records
+    for group in (G, "twin"):
+        for off in (29, 30):
+            redis_client.group_nack(T, N, S, 0, group, f"0:{off}:1")
+    assert poll(2)[0] == [(29, 2), (30, 2)]  # one lease of redelivered records
+    assert poll(2)[0] == [(31, 1), (32, 1)]
+    poll(1, 31, 32)  # a whole lease of first deliveries while the attempts key exists
     assert state(redis_client)[:3] == (29, 11, 3)
+    assert raw.hlen(name.group_key_list(0, G)[3]) == 2
+    poll(1, 29, 30)  # a whole lease of redelivered records: their attempts go
+    assert state(redis_client)[:3] == (33, 7, 2)
+    assert raw.hlen(name.group_key_list(0, G)[3]) == 0
+    assert poll(4, consumer="w-1")[0] == [(o, 1) for o in range(35, 39)]
+    poll(1, 35, 38, consumer="w-1")  # a named consumer's records
+    assert state(redis_client)[:3] == (33, 7, 3)
     before = dump_keyspace(raw)
     keys = [*name.shard_keys(0), *name.group_key_list(0, G)]
-    with pytest.raises(Exception, match="FELIX_NOT_FOUND record 36 has not been delivered"):
-        run_script(redis_client, "group_poll", keys, ["4", "", "0", "35-36"])
+    with pytest.raises(Exception, match="FELIX_NOT_FOUND record 40 has not been delivered"):
+        run_script(redis_client, "group_poll", keys, ["4", "", "0", "39-40"])
     assert dump_keyspace(raw) == before
 
 

@@ -261,16 +261,22 @@ end
 -- acks: one never delivered fails the call before its first write). The usual case
 -- costs no string nor table per record: the run is one whole lease (so every record in
 -- it is in flight, none owed nor finished: leases never overlap and hold only records
--- in flight) at or above the position, with no attempts to drop (none of them was
--- delivered twice: the attempts key is missing) nor owners (anonymous leases); then
--- ack_many would remove that lease and move the position over the run or remember it
--- as a done run, which is what is done here. Anything else goes through ack_many.
+-- in flight) at or above the position, with no attempts to drop nor owners (anonymous
+-- leases); then ack_many would remove that lease and move the position over the run or
+-- remember it as a done run, which is what is done here. Anything else goes through
+-- ack_many. The records of one lease were all leased by one poll with the same
+-- attempts (group_poll: a lease is a run of new records, or of redelivered ones with
+-- the same attempts, and later leases are only pieces of it), and only a record leased
+-- again after its first delivery has an attempts entry (written when it is leased;
+-- the others take theirs when they leave their lease): so where the attempts key
+-- exists, the lease's first record tells for all of them.
 local function ack_run(K, S, a, b)
   if b >= S.next then
     fail('NOT_FOUND', 'record ' .. fmt(math.max(a, S.next)) .. ' has not been delivered to this group (next is '
       .. fmt(S.next) .. ')')
   end
-  if a >= S.pos and not S.cons and K.types.attempts == 'none' then
+  if a >= S.pos and not S.cons
+      and (K.types.attempts == 'none' or redis.call('HEXISTS', K.attempts, fmt(a)) == 0) then
     local first, last = lease_holding(K, a)
     if first == a and last == b then
       local m = fmt(a)
