@@ -282,13 +282,7 @@ local function ack_run(K, S, a, b)
       local m = fmt(a)
       redis.call('ZREM', K.lease, m)
       redis.call('ZREM', K.held, m)  -- (lease_holding found the lease in held)
-      if a == S.pos then
-        S.pos = b + 1
-        advance_done(K, S)
-        S.dirty = true
-      else
-        add_run(K, S, a, b)
-      end
+      mark_run_done(K, S, a, b)
       return
     end
   end

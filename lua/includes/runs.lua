@@ -151,14 +151,23 @@ local function is_finished(K, S, m, off)
   return run_holding(K, S, off) ~= nil
 end
 
--- Records in [a, b] that retention trimmed before they were delivered: counted, finished.
-local function skip_trimmed(K, S, a, b)
+-- Marks the records [a, b], all at or above the position, finished: when the run starts
+-- at the position (nothing unfinished before it) the position jumps over it, else the
+-- run is remembered above the position.
+local function mark_run_done(K, S, a, b)
   if a == S.pos then
-    -- nothing unfinished before them: the position jumps over the whole run
     S.pos = b + 1
     advance_done(K, S)
-  elseif a > S.pos then
+    S.dirty = true
+  else
     add_run(K, S, a, b)
+  end
+end
+
+-- Records in [a, b] that retention trimmed before they were delivered: counted, finished.
+local function skip_trimmed(K, S, a, b)
+  if a >= S.pos then
+    mark_run_done(K, S, a, b)
   else
     for off = a, b do mark_done(K, S, off) end
   end
