@@ -56,8 +56,9 @@ PAYLOAD = b"x" * 64
 #: The least a publish script can do (KEYS: meta hash, log stream; ARGV: payload), an
 #: empty function (what the script call itself costs), and the least a poll script can
 #: do (KEYS: a log stream; ARGV: the first entry ID to read, COUNT): read the entries
-#: with XRANGE and return them as group_poll does (entry ID, attempts, key, payload
-#: each), with no lease, check nor ack: what handing records out through Lua costs.
+#: with XRANGE and return them as group_poll does plain records on their first
+#: delivery (entry ID, payload each), with no lease, check nor ack: what handing records
+#: out through Lua costs.
 FLOOR_LIBRARY = """#!lua name=felixbench_floor
 redis.register_function('felixbench_empty', function(keys, args) return 1 end)
 redis.register_function('felixbench_least_poll', function(keys, args)
@@ -65,8 +66,8 @@ redis.register_function('felixbench_least_poll', function(keys, args)
   local out, o = {0, -1, 0, 0, #es}, 5
   for i = 1, #es do
     local e = es[i]
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = e[1], 1, false, e[2][2]
-    o = o + 4
+    out[o + 1], out[o + 2] = e[1], e[2][2]
+    o = o + 2
   end
   return out
 end)
@@ -257,7 +258,7 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
                 # the raw stream's entries have the log's shape (one field p); read on from
                 # the last one returned (XREADGROUP's reads do not consume them)
                 reply = raw.fcall("felixbench_least_poll", 1, f"raw{b}", cursor[0], b)
-                cursor[0] = "(" + reply[5 + 4 * (int(reply[4]) - 1)].decode()
+                cursor[0] = "(" + reply[5 + 2 * (int(reply[4]) - 1)].decode()
 
             for _ in range(5):  # warm: scripts loaded, keys created
                 felix_separate()

@@ -53,16 +53,26 @@ def _extended(shard: int, off: int, attempts: int, payload: bytes, slot: list[An
 
 def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
     """Records from a poll reply: [entry ID 'OFFSET-MS', attempts, key, payload]* (the key's
-    place holds [key, headers, due, expiry] for a record with any of the last three)."""
+    place holds [key, headers, due, expiry] for a record with any of the last three), where
+    a plain record's first delivery is only [entry ID, payload]: its second slot is bytes,
+    not an integer (lua/group_poll.lua)."""
     out: list[Record] = []
-    for i in range(start, start + 4 * count, 4):
+    append = out.append
+    i = start
+    for _ in range(count):
         off, ms = reply[i].split(b"-")
+        second = reply[i + 1]
+        if type(second) is bytes:
+            append(Record(shard, int(off), 1, second, None, int(ms)))
+            i += 2
+            continue
         key = reply[i + 2]
         if type(key) is list:
-            out.append(_extended(shard, int(off), reply[i + 1], reply[i + 3], key, int(ms)))
-            continue
-        out.append(Record(shard, int(off), reply[i + 1], reply[i + 3],
+            append(_extended(shard, int(off), second, reply[i + 3], key, int(ms)))
+        else:
+            append(Record(shard, int(off), second, reply[i + 3],
                           None if key is None else key.decode("utf-8", "surrogateescape"), int(ms)))
+        i += 4
     return out
 
 

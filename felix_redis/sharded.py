@@ -578,7 +578,9 @@ class ShardedPoll:
                 return True
         at = time.monotonic()
         due_at = float("inf") if due < 0 else at + (due - now) / 1000
-        if self.bell is not None and len(reply) == 7 + 4 * count:
+        # (a reply ends with the waiter's role and watch expiry, integers, when it has
+        # them; else with a payload, or with the count when nothing was handed out)
+        if self.bell is not None and len(reply) > 5 and type(reply[-1]) is int:
             # the group's watch: a follower waits on the bell; the watcher asks the shard
             # again (keeping the watch) half a margin before the watch would lapse
             role = int(reply[-2])

@@ -49,8 +49,10 @@
 -- watcher that dies (or a ring nobody pops) is replaced by the first call after its
 -- TTL_MS lapse.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
--- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts, key (nil when none;
--- {key, headers, due ms, expiry ms} for a record with any of the last three), payload},
+-- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts (integer), key (nil
+-- when none; {key, headers, due ms, expiry ms} for a record with any of the last three),
+-- payload; or, for the first delivery of a record with none of them (attempts 1, no
+-- key), only entry ID and payload (a string where the others have attempts)},
 -- and with a WAITER two more: its role (1 the watcher, 2 a follower, 0 handed records)
 -- and the watch's expiry (ms; 0: none).
 -- Errors: FELIX_NOPERM (no group.consume role), FELIX_NOT_FOUND (stream, shard or group;
@@ -202,29 +204,39 @@ local function lease(m, attempts)
     held[h] = consumer .. '|' .. m
   end
 end
--- Writes the log entries es[i..j], delivered with attempts, into the reply: ID,
--- attempts, key, payload each (one call for a poll's dense new records).
+-- Writes the log entries es[i..j], delivered with attempts, into the reply: ID and
+-- payload for a plain record's first delivery, else ID, attempts, key, payload (one
+-- call for a poll's dense new records).
 local function put(es, i, j, attempts)
   local r, at = out, o  -- (locals: an upvalue costs more per record)
+  local first = attempts == 1
   for k = i, j do
     local e = es[k]
     local fields = e[2]
-    local payload, key
-    if fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil)) then
-      payload, key = fields[2], fields[4] or false
-    elseif fields[1] == 'p' and fields[3] == 'd' and fields[5] == nil then
-      -- a delayed record without key, headers nor expiry (as publish writes it)
-      payload, key = fields[2], {false, false, time_field(fields[4]), false}
+    if first and fields[1] == 'p' and fields[3] == nil then
+      -- the usual record: two slots, not four (the client tells them apart by the second
+      -- slot's type: a payload is a string, attempts a number)
+      r[at + 1] = e[1]
+      r[at + 2] = fields[2]
+      at = at + 2
     else
-      local h, d, x
-      payload, key, h, d, x = record_fields(fields)
-      key = key_slot(key, h, d, x)
+      local payload, key
+      if fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil)) then
+        payload, key = fields[2], fields[4] or false
+      elseif fields[1] == 'p' and fields[3] == 'd' and fields[5] == nil then
+        -- a delayed record without key, headers nor expiry (as publish writes it)
+        payload, key = fields[2], {false, false, time_field(fields[4]), false}
+      else
+        local h, d, x
+        payload, key, h, d, x = record_fields(fields)
+        key = key_slot(key, h, d, x)
+      end
+      r[at + 1] = e[1]
+      r[at + 2] = attempts
+      r[at + 3] = key
+      r[at + 4] = payload
+      at = at + 4
     end
-    r[at + 1] = e[1]
-    r[at + 2] = attempts
-    r[at + 3] = key
-    r[at + 4] = payload
-    at = at + 4
   end
   o, n = at, n + j - i + 1
 end

@@ -123,6 +123,12 @@ MUTATIONS: list[Mutation] = [
              "        redis.call('ZADD', K.owed, 0, m)\n", "        redis.call('ZADD', K.owed, now + 60000, m)\n",
              f"{G} -k 'test_3 and redis'",
              "a reclaimed record is not due at once"),
+    mutation("M8b", "3", "lua/group_poll.lua",
+             "    if first and fields[1] == 'p' and fields[3] == nil then\n",
+             "    if fields[1] == 'p' and fields[3] == nil then\n",
+             f"{G} -k 'test_3 and redis'",
+             "a plain record delivered again goes out in the first delivery's short form: the "
+             "client reads attempts 1"),
     # ---- 4. bounded retries (the `>=` at max attempts)
     mutation("M10", "4", "lua/group_poll.lua",
              "  if a < S.max then return false end", "  if a <= S.max then return false end",

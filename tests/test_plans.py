@@ -64,12 +64,12 @@ def info(shards: int, max_len: int = 0) -> list[Any]:
 
 def polled(offsets: list[int], *, due: int = -1, now: int = 1000, tail: int = 50,
            wake: int = 3, watch: tuple[int, int] | None = None) -> list[Any]:
-    """A group_poll reply handing out ``offsets`` (attempts 1): [now, due, tail, wake
-    sequence, count, (ID, attempts, key, payload)*], then for a long poll the waiter's
-    role in the watch and the watch's expiry (``watch``)."""
+    """A group_poll reply handing out ``offsets`` (first deliveries of plain records):
+    [now, due, tail, wake sequence, count, (ID, payload)*], then for a long poll the
+    waiter's role in the watch and the watch's expiry (``watch``)."""
     reply: list[Any] = [now, due, tail, wake, len(offsets)]
     for off in offsets:
-        reply += [b"%d-%d" % (off, now), 1, None, b"p%d" % off]
+        reply += [b"%d-%d" % (off, now), b"p%d" % off]
     return reply + list(watch or ())
 
 

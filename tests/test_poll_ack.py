@@ -14,6 +14,7 @@ import pytest
 
 import felix_redis
 from felix_redis import Client, Record
+from felix_redis.replies import parse_delivered
 from tests.conftest import dump_keyspace
 from tests.support.scripts import run_script
 
@@ -178,7 +179,7 @@ def test_a_run_of_acks_settles_exactly_as_its_offsets_one_by_one(redis_client: C
             keys = [*name.shard_keys(0), *name.group_key_list(0, group)]
             acks = [] if first < 0 else [f"{first}-{last}"] if group == G else [str(o) for o in range(first, last + 1)]
             reply = run_script(redis_client, "group_poll", keys, [str(want), consumer, "0", *acks])
-            out.append([(int(reply[5 + 4 * i].split(b"-")[0]), int(reply[6 + 4 * i])) for i in range(int(reply[4]))])
+            out.append([(r.offset, r.attempts) for r in parse_delivered(reply, 5, int(reply[4]), 0)])
         assert out[0] == out[1]
         assert state(redis_client) == state(redis_client, group="twin")
         # (and the same attempts kept: those of finished records are dropped)
@@ -246,6 +247,29 @@ def test_the_script_refuses_a_bad_run_of_acks_before_writing(redis_client: Clien
     with pytest.raises(Exception, match="FELIX_INVALID"):
         run_script(redis_client, "group_poll", keys, ["16", "", "0", "0-1", "2"])
     assert dump_keyspace(raw) == before
+
+
+def test_a_plain_first_delivery_takes_two_reply_slots_and_the_rest_four(redis_client: Client, raw: Any) -> None:
+    """A poll's reply carries a plain record on its first delivery as its entry ID and
+    payload only; a record with a key or headers, or delivered again, as entry ID,
+    attempts, key and payload. The client reads both shapes mixed in one reply."""
+    make(redis_client, visibility_timeout_ms=100)
+    redis_client.publish_batch(T, N, S, ["a", "b"], shard=0)
+    redis_client.publish(T, N, S, "k", shard=0, key="cart-1")
+    redis_client.publish(T, N, S, "h", shard=0, headers={"trace": "t1"})
+    redis_client.publish(T, N, S, "c", shard=0)
+    name = redis_client.core.name(T, N, S)
+    keys = [*name.shard_keys(0), *name.group_key_list(0, G)]
+    reply = run_script(redis_client, "group_poll", keys, ["3", "", "0"])
+    assert int(reply[4]) == 3
+    # two plain records (ID, payload), then the keyed one (ID, attempts, key, payload)
+    assert [type(x) for x in reply[5:]] == [bytes, bytes, bytes, bytes, bytes, int, bytes, bytes]
+    assert (reply[6], reply[8], reply[10:]) == (b"a", b"b", [1, b"cart-1", b"k"])
+    time.sleep(0.15)  # the three lapse: their next delivery is their second
+    got = redis_client.group_poll(T, N, S, 0, G, max_records=5)
+    assert [(r.offset, r.attempts, r.key, r.payload, r.headers) for r in got] == [
+        (0, 2, None, b"a", {}), (1, 2, None, b"b", {}), (2, 2, "cart-1", b"k", {}),
+        (3, 1, None, b"h", {"trace": "t1"}), (4, 1, None, b"c", {})]
 
 
 def test_the_client_sends_a_batch_acked_whole_as_one_run(redis_client: Client, raw: Any) -> None:
