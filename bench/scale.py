@@ -3,7 +3,8 @@
 - drain rate (one client, poll 64 acking the previous batch) behind a 10,000 and a 1,000,000 backlog;
 - Redis memory per waiting job against a raw stream entry with the same payload, and the
   group memory left per finished job;
-- Redis CPU per job (INFO commandstats, usec per job) against raw XREADGROUP + XACK;
+- Redis CPU per job (INFO commandstats, usec per job) against raw XREADGROUP + XACK, and
+  beside them the least a poll script can do (XRANGE into Lua and back, nothing else);
 - the cost of a poll with 100,000 dead letters and 10,000 records in flight elsewhere,
   next to raw XREADGROUP + XACK with 10,000 entries pending elsewhere; and, to tell how
   it grows with the number in flight, with 10,000 against 100 in flight elsewhere (both
@@ -32,6 +33,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_redis
+from bench.instructions import FLOOR_LIBRARY
 from bench.report import emit
 from felix_redis.testing.server import RedisServer
 
@@ -125,6 +127,26 @@ def raw_steps(raw: redis.Redis, key: str, batch: int, polls: int) -> Callable[[]
     return step
 
 
+def least_steps(raw: redis.Redis, key: str, batch: int, polls: int) -> Callable[[], int]:
+    """A step: ``polls`` calls of the least a poll script can do (bench/instructions.py's
+    ``felixbench_least_poll``: ``XRANGE`` of ``batch`` entries of ``key`` returned as
+    ``group_poll`` returns plain records, no lease, check nor ack), each from where the
+    last one ended; returns the entries returned."""
+    cursor = ["-"]
+
+    def step() -> int:
+        done = 0
+        for _ in range(polls):
+            reply = raw.fcall("felixbench_least_poll", 1, key, cursor[0], batch)
+            got = int(reply[4])
+            if got:
+                cursor[0] = "(" + reply[5 + 2 * (got - 1)].decode()
+            done += got
+        return done
+
+    return step
+
+
 def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 100_000, held: int = 10_000,
             polls: int = 5000, few: int = 100) -> dict[str, Any]:
     """The figures, for a ``backlog`` against a ``small`` one; memory and CPU over ``jobs``
@@ -189,12 +211,17 @@ def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 
         raw.xgroup_create("raw:mem", "g", id="0")
         rounds = max(1, jobs // (64 * 20) - 2)
         unacked: list[Any] = []
+        # (and the least poll script over the same raw entries: what handing records out
+        # through Lua costs in server time, whatever else a poll does)
+        raw.function_load(FLOOR_LIBRARY, replace=True)
         cpu = alternate(raw, {
             "felix": (SCRIPTS, felix_steps(client, "mem", "g", 64, 20, last=unacked)),
             "separate": (SCRIPTS, felix_steps(client, "mem", "g2", 64, 20, separate=True)),
             "raw": (RAW, raw_steps(raw, "raw:mem", 64, 20)),
+            "least": (SCRIPTS, least_steps(raw, "raw:mem", 64, 20)),
         }, rounds)
-        felix_usec, separate_usec, raw_usec = (cpu[k][0] / cpu[k][1] for k in ("felix", "separate", "raw"))
+        felix_usec, separate_usec, raw_usec, least_usec = (
+            cpu[k][0] / cpu[k][1] for k in ("felix", "separate", "raw", "least"))
         out["cpu_jobs_per_part"] = cpu["felix"][1]
         # the rest of g, and its last batch's acks: the group must keep nothing of them
         client.group_ack_many(T, N, "mem", 0, "g", unacked)
@@ -203,6 +230,8 @@ def measure(backlog: int, small: int = 10_000, jobs: int = 100_000, dead: int = 
         out["redis_usec_per_job"] = round(felix_usec, 3)
         out["raw_redis_usec_per_job"] = round(raw_usec, 3)
         out["redis_cpu_over_raw"] = round(felix_usec / raw_usec, 2)
+        out["least_poll_script_usec_per_job"] = round(least_usec, 3)
+        out["least_poll_script_over_raw"] = round(least_usec / raw_usec, 2)
         out["redis_usec_per_job_separate_acks"] = round(separate_usec, 3)
         out["redis_cpu_over_raw_separate_acks"] = round(separate_usec / raw_usec, 2)
 

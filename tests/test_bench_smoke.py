@@ -223,6 +223,7 @@ def test_scale_figures_run_end_to_end() -> None:
     assert data["cpu_jobs_per_part"] == 20 * 64
     for figure in ("drain_rate_10k_backlog", "drain_rate_large_backlog", "bytes_per_waiting_job",
                    "redis_usec_per_job", "raw_redis_usec_per_job", "redis_usec_per_job_separate_acks",
+                   "least_poll_script_usec_per_job",
                    "poll_ack_usec_plain", "poll_ack_usec_with_dead_and_in_flight", "raw_poll_ack_usec_plain",
                    "raw_poll_ack_usec_with_pending", "poll_cost_ratio_dead_only", "poll_cost_ratio_in_flight_only",
                    "poll_cost_ratio_in_flight_few", "poll_cost_ratio_in_flight_over_few"):
