@@ -53,7 +53,8 @@ def _extended(shard: int, off: int, attempts: int, payload: bytes, slot: list[An
 
 def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> list[Record]:
     """Records from a poll reply: [entry ID 'OFFSET-MS', attempts, key, payload]* (the key's
-    place holds [key, headers, due, expiry] for a record with any of the last three), where
+    place holds [key, headers, due, expiry] for a record with any of the last three, or
+    only the due ms, an integer, for a delayed record with none of the others), where
     a plain record's first delivery is only [entry ID, payload]: its second slot is bytes,
     not an integer (lua/group_poll.lua)."""
     out: list[Record] = []
@@ -69,6 +70,8 @@ def parse_delivered(reply: list[Any], start: int, count: int, shard: int) -> lis
         key = reply[i + 2]
         if type(key) is list:
             append(_extended(shard, int(off), second, reply[i + 3], key, int(ms)))
+        elif type(key) is int:  # a delayed record with no key, headers nor expiry: its due ms
+            append(Record(shard, int(off), second, reply[i + 3], None, int(ms), None, key))
         else:
             append(Record(shard, int(off), second, reply[i + 3],
                           None if key is None else key.decode("utf-8", "surrogateescape"), int(ms)))

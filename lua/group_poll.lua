@@ -50,7 +50,8 @@
 -- TTL_MS lapse.
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts (integer), key (nil
--- when none; {key, headers, due ms, expiry ms} for a record with any of the last three),
+-- when none; the due ms as an integer for a delayed record with no key, headers nor
+-- expiry; else {key, headers, due ms, expiry ms} for a record with any of the last three),
 -- payload; or, for the first delivery of a record with none of them (attempts 1, no
 -- key), only entry ID and payload (a string where the others have attempts)},
 -- and with a WAITER two more: its role (1 the watcher, 2 a follower, 0 handed records)
@@ -206,8 +207,10 @@ local function lease(m, attempts)
 end
 -- Writes the log entries es[i..j], delivered with attempts, into the reply: ID and
 -- payload for a plain record's first delivery, else ID, attempts, key, payload (one
--- call for a poll's dense new records).
-local function put(es, i, j, attempts)
+-- call for a poll's dense new records). due (ms, optional): the due time the due index
+-- gives every one of them (3b), used for a record with only a payload and a due time
+-- instead of reading its d field again (publish writes both in one call: they agree).
+local function put(es, i, j, attempts, due)
   local r, at = out, o  -- (locals: an upvalue costs more per record)
   local first = attempts == 1
   for k = i, j do
@@ -224,8 +227,10 @@ local function put(es, i, j, attempts)
       if fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil)) then
         payload, key = fields[2], fields[4] or false
       elseif fields[1] == 'p' and fields[3] == 'd' and fields[5] == nil then
-        -- a delayed record without key, headers nor expiry (as publish writes it)
-        payload, key = fields[2], {false, false, time_field(fields[4]), false}
+        -- a delayed record without key, headers nor expiry (as publish writes it): its
+        -- due time alone, as an integer, in the key's place (no table to build and send)
+        local d = due or time_field(fields[4])
+        payload, key = fields[2], d and tonumber(d) or false
       else
         local h, d, x
         payload, key, h, d, x = record_fields(fields)
@@ -255,6 +260,20 @@ local function all_out(es, i, j, due_by, strict)
       end
       if d and (tonumber(d) > due_by or (strict and tonumber(d) == due_by)) then return false end
       if x and tonumber(x) <= now then return false end
+    end
+  end
+  return true
+end
+
+-- True when every entry of es is handed out as it is, all of them due at or before
+-- due_by by the due index (3b): a record with only a payload and a due time is (publish
+-- writes its d field and its index entry in one call, so the index's due time is its
+-- own, and it has no expiry: nothing to read); any other is looked at as all_out does.
+local function all_out_indexed(es, due_by)
+  for k = 1, #es do
+    local f = es[k][2]
+    if not (f[1] == 'p' and f[3] == 'd' and f[5] == nil) and not all_out(es, k, k, due_by) then
+      return false
     end
   end
   return true
@@ -401,7 +420,7 @@ if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
           give = room
           full = true
         end
-        if give > 0 then ranges[#ranges + 1] = {a, a + give - 1} end
+        if give > 0 then ranges[#ranges + 1] = {a, a + give - 1, t} end
         room, given = room - give, given + give
         cur = t
         if full then
@@ -424,17 +443,17 @@ if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
   if given > 0 then
     S.sk = math.max(0, S.sk - given)
     for _, rg in ipairs(ranges) do
-      local a, z = rg[1], rg[2]
+      local a, z, t = rg[1], rg[2], rg[3]
       local a_s, z_s = fmt(a), fmt(z)
       local es = redis.call('XRANGE', K.log, a_s, z_s, 'COUNT', fmt(z - a + 1))
       if #es == z - a + 1 and s_find(es[1][1], a_s .. '-', 1, true) == 1
-          and s_find(es[#es][1], z_s .. '-', 1, true) == 1 and all_out(es, 1, #es, cur) then
+          and s_find(es[#es][1], z_s .. '-', 1, true) == 1 and all_out_indexed(es, cur) then
         -- the usual case: one entry per offset, all due and none expired: into the reply
         -- at once, one lease
         if consumer ~= '' then
           for o = a, z do lease(fmt(o), 1) end
         end
-        put(es, 1, #es, 1)
+        put(es, 1, #es, 1, t)
         lfirst[#lfirst + 1] = a_s
         llast[#llast + 1] = z_s
       else

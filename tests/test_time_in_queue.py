@@ -1263,6 +1263,37 @@ def _passed_over(client: felix_redis.Client, raw: redis.Redis, count: int) -> No
     assert (st.scheduled, st.pending) == (count, 0), st
 
 
+def test_records_handed_out_from_the_due_index_carry_their_own_due_time_key_and_headers(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Delayed records the group passed over (published one by one at different due
+    times, as a batch sharing one, with a key, with headers, with an expiry far off) are
+    handed out from the due index once due, each with the due time, key and headers the
+    log holds for it (a replay of the same offsets), whichever form the poll's reply
+    gives it."""
+    client = redis_client
+    setup(client)
+    for i in range(5):
+        client.publish(T, N, S, b"one%d" % i, delay=0.3 + 0.03 * i)
+    client.publish_batch(T, N, S, [b"b%d" % i for i in range(20)], delay=0.35)
+    client.publish(T, N, S, b"keyed", key="k-1", delay=0.31)
+    client.publish(T, N, S, b"headed", headers={"h": "v"}, delay=0.32)
+    client.publish(T, N, S, b"expiring", delay=0.33, expires_in=3600)
+    _passed_over(client, raw, 28)
+    wait_server(raw, server_ms(raw) + 500)
+    got: list[felix_redis.Record] = []
+    for _ in range(10):
+        got += poll(client, n=7)
+    assert sorted(r.offset for r in got) == list(range(28))
+    logged = {r.offset: r for r in client.read(T, N, S, 0, 0, 28)}
+    for r in got:
+        want = logged[r.offset]
+        assert r.deliver_ms is not None
+        assert (r.payload, r.deliver_ms, r.key, r.headers, r.expires_ms, r.attempts) == (
+            want.payload, want.deliver_ms, want.key, want.headers, want.expires_ms, 1), r.offset
+    assert [r.deliver_ms for r in got] == sorted(r.deliver_ms for r in got if r.deliver_ms is not None)
+
+
 def test_a_batch_sharing_a_due_time_comes_in_offset_order_once_over_many_polls(
     redis_client: felix_redis.Client, raw: redis.Redis
 ) -> None:
