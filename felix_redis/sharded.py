@@ -26,6 +26,7 @@ stream, not on a call of their own).
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,13 @@ LOST = (ConnectionFailed, NotReplicated)
 #: A shard with nothing to hand out, as its last reply said: its wake points, when (on
 #: the monotonic clock) its next due time or lease falls due (inf: none), when learned.
 Idle = tuple[list[tuple[str, str]], float, float]
+
+
+def first_lead(shards: int) -> int:
+    """Where a group's first run starts among its ``shards`` shards: drawn at random, not
+    the first, so that the consumers of a fleet, started together, do not all lead on
+    the same shard at once."""
+    return random.randrange(shards)
 
 
 class PollState:
@@ -393,6 +401,8 @@ class ShardedPoll:
         shard may have work."""
         state, index, chosen = self.state, source.index, source.chosen
         at = state.cursors[index]
+        if at < 0:
+            at = first_lead(len(chosen)) - 1
         if not fresh and state.runs[index] > 0 and 0 <= at < len(chosen) and chosen[at] in cands:
             state.runs[index] -= 1
             return chosen[at], False

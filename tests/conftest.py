@@ -207,6 +207,15 @@ T, N, S = "acme", "prod", "jobs"
 
 
 @pytest.fixture
+def first_lead_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sharded group's first lead is shard 0 (it is drawn at random otherwise): for
+    tests of the order the leads take turns in."""
+    import felix_redis.sharded
+
+    monkeypatch.setattr(felix_redis.sharded, "first_lead", lambda shards: 0)
+
+
+@pytest.fixture
 def stream(client: felix_redis.Client) -> felix_redis.Client:
     """A one-shard queue acme/prod/jobs with group ``workers`` (vt 30 s, 5 attempts)."""
     client.stream_create(T, N, S)

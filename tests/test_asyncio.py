@@ -273,6 +273,7 @@ def test_long_poll_elapses(backend: tuple[str, Any]) -> None:
 # ---------------------------------------------------------------- sharded
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_sharded_group(backend: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     async def scenario(c: fa.AsyncClient, url: str) -> None:
         await c.stream_create(T, N, S, shards=4)

@@ -61,6 +61,7 @@ def later(fn: Callable[[], Any], after: float) -> threading.Thread:
 # ---------------------------------------------------------------------- fairness
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_a_poll_takes_its_batch_from_one_lead_shard_in_turn(client: felix_redis.Client) -> None:
     """With every shard busy one shard leads: it gives the whole batch (one script call)
     for LEAD_RUN polls in a row, then the next shard does."""
@@ -77,6 +78,7 @@ def test_a_poll_takes_its_batch_from_one_lead_shard_in_turn(client: felix_redis.
     assert [i.offset for items in polls[:LEAD_RUN] for i in items] == list(range(8 * LEAD_RUN))
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_poll_fills_up_from_shards_that_have_more(client: felix_redis.Client) -> None:
     setup(client, fill={0: 3, 1: 1, 3: 100})
     group = client.group_sharded(T, N, S, G)
@@ -87,6 +89,7 @@ def test_poll_fills_up_from_shards_that_have_more(client: felix_redis.Client) ->
     assert len({(i.shard, i.offset) for i in items}) == 16
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_hot_shard_does_not_starve_the_others(client: felix_redis.Client) -> None:
     setup(client, fill={0: 1000, 1: 10, 2: 10, 3: 10})
     group = client.group_sharded(T, N, S, G)
@@ -127,6 +130,21 @@ def test_with_every_shard_busy_each_leads_in_turn(client: felix_redis.Client) ->
     assert max(waits) <= LEAD_RUN * 63
 
 
+def test_the_consumers_of_a_fleet_do_not_all_lead_on_the_same_shard(client: felix_redis.Client) -> None:
+    """Each sharded group (a consumer of a fleet, started with the others) draws the
+    shard its first run leads on: 24 of them, each taking one record, do not all take it
+    from the same shard (all alike by chance: 4 x (1/4)^24), and each goes on from its
+    own first shard in turn."""
+    setup(client, fill={0: 100, 1: 100, 2: 100, 3: 100})
+    groups = [client.group_sharded(T, N, S, G) for _ in range(24)]
+    firsts = [group.poll(1)[0].shard for group in groups]
+    assert len(set(firsts)) > 1, firsts
+    for group, first in zip(groups[:4], firsts, strict=False):
+        shards = [first] + [group.poll(1)[0].shard for _ in range(2 * LEAD_RUN - 1)]
+        assert shards == [first] * LEAD_RUN + [(first + 1) % 4] * LEAD_RUN, shards
+
+
+@pytest.mark.usefixtures("first_lead_zero")
 def test_small_polls_rotate_over_shards(client: felix_redis.Client) -> None:
     setup(client, fill={0: 10, 1: 10, 2: 10, 3: 10})
     group = client.group_sharded(T, N, S, G)
@@ -381,6 +399,7 @@ def test_a_record_published_to_one_of_64_idle_shards_wakes_the_long_poll(
     assert b"quiet" in seen and seen.count(b"busy") == 200
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_a_record_on_a_quiet_shard_does_not_wait_for_the_busy_ones_runs(client: felix_redis.Client) -> None:
     """63 busy shards, one quiet: what lands on the quiet one is found by the next look
     (at most LEAD_RUN polls away) and asked for beside the lead the poll after, not
