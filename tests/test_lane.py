@@ -59,6 +59,7 @@ def test_error_reply_keeps_the_connection(redis_client: felix_redis.Client) -> N
     assert lane_conn(redis_client)._sock is sock
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_a_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
     redis_client: felix_redis.Client, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -266,6 +267,7 @@ def test_async_tasks_sharing_a_client_each_get_their_own_replies(raw: redis.Redi
     assert asyncio.run(main()) == list(range(400))
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_an_async_batch_rides_the_lane_in_one_write_with_error_replies_in_place(
     raw: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

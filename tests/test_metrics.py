@@ -38,8 +38,9 @@ def shard_labels(tenant: str, stream: str, group: str, shard: int) -> tuple[tupl
 
 
 @pytest.fixture
-def busy(redis_client: felix_redis.Client) -> felix_redis.Client:
-    """Two tenants' streams with records in every state: acked, in flight, owed, dead, pending."""
+def busy(redis_client: felix_redis.Client, first_lead_zero: None) -> felix_redis.Client:
+    """Two tenants' streams with records in every state: acked, in flight, owed, dead, pending
+    (the sharded poll's first lead pinned to shard 0, so which shard holds what is known)."""
     c = redis_client
     c.stream_create(T, N, "jobs", shards=3)
     c.stream_create("other", N, "mail")

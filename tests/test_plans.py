@@ -37,6 +37,12 @@ T, N, S, G = "acme", "prod", "jobs", "workers"
 Answer = Callable[[Any], Any]
 
 
+@pytest.fixture(autouse=True)
+def _first_lead_zero(first_lead_zero: None) -> None:
+    """The plans here are checked against replies scripted for a known order of leads:
+    a sharded group's first lead is shard 0 (it is drawn at random otherwise)."""
+
+
 def drive(plan: Generator[Any, Any, Any], answer: Answer) -> tuple[Any, list[Any]]:
     """Runs ``plan`` as a driver would, ``answer(op)`` giving each op's reply (an
     exception it returns is thrown into the plan, as a driver throws a FelixError; in a

@@ -326,6 +326,7 @@ def test_sharded_poll_with_bad_ack_changes_nothing(client: Client, unchanged: An
         group.poll(4, ack="0:0:1")
 
 
+@pytest.mark.usefixtures("first_lead_zero")
 def test_sharded_poll_with_undelivered_ack_raises_and_loses_nothing(
     client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
