@@ -48,7 +48,8 @@
 -- lone poller's next empty poll watches at once instead of popping its own ring. A
 -- watcher that dies (or a ring nobody pops) is replaced by the first call after its
 -- TTL_MS lapse.
--- Returns: {now ms, next due ms (-1: none; at most now: poll again at once), tail, wake
+-- Returns: {now ms, next due ms (-1: none; at most now: poll again at once, as after a
+-- poll that handed out max_records while delayed records wait in the index), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts (integer), key (nil
 -- when none; the due ms as an integer for a delayed record with no key, headers nor
 -- expiry; else {key, headers, due ms, expiry ms} for a record with any of the last three),
@@ -585,6 +586,10 @@ end
 -- the next delayed record falls due (for this group or not: a wake-up at most early)
 if K.due and S.doff then
   -- the rest of a split due time is due now
+  out[2] = now
+elseif K.due and S.dmax > S.dcur and n >= max_records then
+  -- a full poll: its caller polls again at once (a full batch may have more; a ring says
+  -- so to its follower), so the index is not searched for the next due time
   out[2] = now
 elseif K.due and S.dmax > S.dcur then
   -- (from the due cursor: where 3b did not run, as when the rate limit's window is spent,
