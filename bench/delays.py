@@ -8,7 +8,12 @@ work on plain records (no delay, expiry or headers):
   never delivered); the delayed records' share includes the log fields ``d``, the shard's
   due index and whatever the group keeps;
 - **memory, one by one**: the same, for records published one call each, the delayed
-  ones as densely due as the issue's 1,000,000 over an hour;
+  ones as densely due as the issue's 1,000,000 over an hour; with ``--sizes``, again for
+  each of those payload sizes (a stream's log is a chain of listpack nodes of up to 4 KiB
+  whose allocation Redis rounds up to the allocator's next size class when the node is
+  closed: at some payload sizes the last entry of every node tips it into the 5 KiB class,
+  for delayed and plain records alike, which is worth about 1,024 bytes / entries per
+  node, so one payload size alone does not tell what the ``d`` field costs);
 - **poll with scheduled**: the drain rate of plain records (``group_poll(16, ack=the
   previous batch)``) on a shard that also holds ``--scheduled`` delayed records not yet
   due, against the same drain on a shard with none;
@@ -16,7 +21,8 @@ work on plain records (no delay, expiry or headers):
   drain of plain records: records the group passed over while they were not due (handed
   out from the due index) and records its scan met only once due.
 
-    python bench/delays.py [--records 100000] [--scheduled 100000] [--drain 20000] [--out FILE]
+    python bench/delays.py [--records 100000] [--scheduled 100000] [--drain 20000]
+        [--sizes 16:256:8 --size-records 20000] [--out FILE]
 
 The issue's figures ask for 1,000,000 waiting delayed records (``--records 1000000``
 takes a few minutes and about 1 GiB). Prints one JSON document.
@@ -111,30 +117,54 @@ def memory_ratio(client: felix_redis.Client, records: int) -> dict[str, Any]:
             "scheduled": info.scheduled, "pending": info.pending}
 
 
-def memory_singles(client: felix_redis.Client, records: int) -> dict[str, Any]:
+def memory_singles(client: felix_redis.Client, records: int, payload: bytes = PAYLOAD,
+                   name: str = "one") -> dict[str, Any]:
     """Memory per record published one by one (a call each), delayed records due over
     records / 1,000,000 hours from an hour on (the density of the issue's 1,000,000 due
     over an hour: about 28 due in each 100 ms bucket of the due index), against plain
     records published one by one."""
-    for stream in ("one-plain", "one-delayed"):
+    plain_s, delayed_s = f"{name}-plain-{len(payload)}", f"{name}-delayed-{len(payload)}"
+    for stream in (plain_s, delayed_s):
         client.stream_create(T, N, stream, shards=1)
         client.group_create(T, N, stream, "g")
     gc.collect()
     before = used_memory(client)
     for _ in range(records):
-        client.publish(T, N, "one-plain", PAYLOAD, shard=0)
+        client.publish(T, N, plain_s, payload, shard=0)
     plain = (used_memory(client) - before) / records
     span = 3600.0 * records / 1_000_000
     before = used_memory(client)
     for i in range(records):
-        client.publish(T, N, "one-delayed", PAYLOAD, shard=0, delay=3600 + span * i / records)
-    if client.group_poll(T, N, "one-delayed", 0, "g", max_records=10_000):
+        client.publish(T, N, delayed_s, payload, shard=0, delay=3600 + span * i / records)
+    if client.group_poll(T, N, delayed_s, 0, "g", max_records=10_000):
         raise RuntimeError("a delayed record was handed out before it was due")
     delayed = (used_memory(client) - before) / records
-    info = client.group_describe(T, N, "one-delayed", "g").shards[0]
-    return {"records": records, "due_over_s": span, "plain_bytes_per_record": round(plain, 1),
-            "delayed_bytes_per_record": round(delayed, 1), "ratio": round(delayed / plain, 3),
-            "scheduled": info.scheduled}
+    info = client.group_describe(T, N, delayed_s, "g").shards[0]
+    return {"records": records, "payload_bytes": len(payload), "due_over_s": span,
+            "plain_bytes_per_record": round(plain, 1), "delayed_bytes_per_record": round(delayed, 1),
+            "ratio": round(delayed / plain, 3), "scheduled": info.scheduled}
+
+
+def memory_sizes(client: felix_redis.Client, records: int, sizes: list[int]) -> dict[str, Any]:
+    """memory_singles for each payload size of sizes (records each): the ratio's median,
+    its range, and how many sizes keep it at or below 1.5x."""
+    each = [memory_singles(client, records, b"x" * size, "size") for size in sizes]
+    ratios = [e["ratio"] for e in each]
+    extra = [e["delayed_bytes_per_record"] - e["plain_bytes_per_record"] for e in each]
+    return {"records": records, "sizes": sizes, "median_ratio": round(statistics.median(ratios), 3),
+            "min_ratio": min(ratios), "max_ratio": max(ratios),
+            "sizes_at_or_below_1_5x": sum(r <= 1.5 for r in ratios),
+            "median_extra_bytes_per_record": round(statistics.median(extra), 1),
+            "each": [{k: e[k] for k in ("payload_bytes", "plain_bytes_per_record", "delayed_bytes_per_record",
+                                        "ratio")} for e in each]}
+
+
+def size_range(text: str) -> list[int]:
+    """'16:256:8' (first, last, step) or '64,100' as a list of payload sizes."""
+    if ":" in text:
+        first, last, step = (int(x) for x in text.split(":"))
+        return list(range(first, last + 1, step))
+    return [int(x) for x in text.split(",")]
 
 
 def poll_with_scheduled(client: felix_redis.Client, scheduled: int, jobs: int, rounds: int) -> dict[str, Any]:
@@ -199,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=int, default=20_000, help="records per drain")
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds; a ratio is the median over them of each round's ratio (rates: the best)")
+    parser.add_argument("--sizes", type=size_range, default=None,
+                        help="payload sizes for memory one by one at each size: FIRST:LAST:STEP or A,B,...")
+    parser.add_argument("--size-records", type=int, default=20_000,
+                        help="records published one by one per payload size of --sizes")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     args = parser.parse_args(argv)
     with RedisServer(extra=["--save", "", "--appendonly", "no"]) as server:
@@ -208,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 "server": client.redis.info("server")["redis_version"],
                 "memory": memory_ratio(client, args.records),
                 "memory_one_by_one": memory_singles(client, args.single_records),
+                **({"memory_one_by_one_sizes": memory_sizes(client, args.size_records, args.sizes)}
+                   if args.sizes else {}),
                 "poll_with_scheduled": poll_with_scheduled(client, args.scheduled, args.drain, args.rounds),
                 "due_drain": due_drain(client, args.drain, args.rounds),
             }

@@ -13,6 +13,11 @@ replies) for the same work done by felix-redis and by raw Redis Streams commands
 - beside each drain batch, the least a poll script can do: ``XRANGE`` of B entries
   returned as ``group_poll`` returns records, with no lease, check nor ack (what
   handing records out through Lua costs, whatever else the script does);
+- with ``--due ENTRIES``: ``group_poll(16, ack=...)`` handing out delayed records the
+  group passed over, once due (from the due index), against the same poll on plain
+  records, counted in alternating steps;
+- with ``--scheduled N``: ``group_poll(16, ack=...)`` of plain records beside N delayed
+  records not yet due (passed over), against the same poll with none;
 - with ``--held N``: ``group_poll(16, ack=...)`` while N records stay in flight below the
   group's position (the acks of later records are then remembered in its done runs),
   against the same poll on a group with none held and with the fewest given, counted
@@ -23,7 +28,8 @@ whatever else the machine is doing, so they show what a change to a script costs
 saves. They are not time: cache misses and the network are not in them (bench/scale.py
 measures server time, the main harness throughput).
 
-    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--held 100] [--out FILE] [--keep DIR]
+    python bench/instructions.py [--batch 16 --batch 64] [--batches 100] [--held 100] [--due 20]
+        [--scheduled 100000] [--out FILE] [--keep DIR]
 
 Needs ``valgrind`` and ``redis-server`` on PATH. Prints one JSON document.
 """
@@ -210,8 +216,85 @@ def held_back_counts(cg: Callgrind, client: Any, held_back: tuple[int, ...], rou
     return out
 
 
+def alternating_polls(cg: Callgrind, client: Any, streams: tuple[str, ...], steps: int,
+                      per_step: int) -> list[float]:
+    """Instructions per ``group_poll(16, ack=the previous batch)`` of group G on shard 0
+    of each of ``streams``, counted in ``steps`` alternating steps of ``per_step`` polls
+    (after 5 uncounted ones each); every poll must hand out 16 records."""
+    last: dict[str, list[Any]] = {stream: [] for stream in streams}
+
+    def batch(stream: str) -> Callable[[], None]:
+        def run() -> None:
+            last[stream][:] = client.group_poll(T, N, stream, 0, G, max_records=16, ack=last[stream])
+            if len(last[stream]) != 16:
+                raise RuntimeError(f"{stream}: a poll handed out {len(last[stream])} records, not 16")
+        return run
+
+    for stream in streams:
+        for _ in range(5):
+            batch(stream)()
+    counted = dict.fromkeys(streams, 0)
+    for _ in range(steps):
+        for stream in streams:
+            counted[stream] += cg.count(repeat(batch(stream), per_step), f"poll_16_{stream}")
+    return [counted[stream] / (per_step * steps) for stream in streams]
+
+
+def due_counts(cg: Callgrind, client: Any, rounds: int, entries: int, steps: int = 5) -> dict[str, Any]:
+    """``group_poll(16, ack=the previous batch)`` handing out delayed records the group
+    passed over while they were not due (from the due index, written as ``entries``
+    batches, each sharing a due time), against the same poll on plain records, counted
+    in alternating steps of ``rounds // steps`` polls each."""
+    steps = max(1, min(steps, rounds))
+    per_step = max(1, rounds // steps)
+    total = 16 * (per_step * steps + 10)
+    for stream in ("due-plain", "due-passed"):
+        client.stream_create(T, N, stream)
+        client.group_create(T, N, stream, G)
+    client.publish_batch(T, N, "due-plain", [PAYLOAD] * total, shard=0)
+    size = -(-total // entries)
+    for start in range(0, total, size):
+        client.publish_batch(T, N, "due-passed", [PAYLOAD] * min(size, total - start), shard=0, delay=2.0)
+    passed_at = time.monotonic()
+    if client.group_poll(T, N, "due-passed", 0, G, max_records=10_000):
+        raise RuntimeError("a delayed record was handed out before it was due")
+    if client.group_describe(T, N, "due-passed", G).shards[0].scheduled != total:
+        raise RuntimeError("the group did not pass over every delayed record")
+    time.sleep(max(0.0, passed_at + 2.3 - time.monotonic()))
+    plain, passed = alternating_polls(cg, client, ("due-plain", "due-passed"), steps, per_step)
+    return {"due_passed_over": {"index_entries": entries, "plain_per_batch": round(plain),
+                                "passed_over_per_batch": round(passed), "over_plain": round(passed / plain, 3)}}
+
+
+def scheduled_counts(cg: Callgrind, client: Any, rounds: int, scheduled: int, steps: int = 5) -> dict[str, Any]:
+    """``group_poll(16, ack=the previous batch)`` of plain records on a shard that also
+    holds ``scheduled`` delayed records not yet due (due over the next hour, in batches of
+    100 sharing a due time; the group passed over them), against the same poll on a
+    shard with none, counted in alternating steps of ``rounds // steps`` polls each."""
+    steps = max(1, min(steps, rounds))
+    per_step = max(1, rounds // steps)
+    for stream in ("sched-none", "sched-held"):
+        client.stream_create(T, N, stream)
+        client.group_create(T, N, stream, G)
+    for start in range(0, scheduled, 100):
+        client.publish_batch(T, N, "sched-held", [PAYLOAD] * min(100, scheduled - start), shard=0,
+                             delay=3600 + 3600 * start / scheduled)
+    for _ in range(1 + scheduled // 10_000):
+        if client.group_poll(T, N, "sched-held", 0, G, max_records=10_000):
+            raise RuntimeError("a delayed record was handed out before it was due")
+    state = client.group_describe(T, N, "sched-held", G).shards[0]
+    if state.pending or state.scheduled != scheduled:
+        raise RuntimeError(f"the group did not pass over the delayed records: {state}")
+    total = 16 * (per_step * steps + 10)
+    for stream in ("sched-none", "sched-held"):
+        client.publish_batch(T, N, stream, [PAYLOAD] * total, shard=0)
+    none, held = alternating_polls(cg, client, ("sched-none", "sched-held"), steps, per_step)
+    return {"poll_with_scheduled": {"scheduled": scheduled, "none_per_batch": round(none),
+                                    "scheduled_per_batch": round(held), "over_none": round(held / none, 3)}}
+
+
 def measure(batches: list[int], rounds: int, functions: bool = True, held_back: tuple[int, ...] = (),
-            keep: str | None = None) -> dict[str, Any]:
+            keep: str | None = None, due_entries: int = 0, scheduled: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"redis": None, "batches": rounds, "scripts": "FCALL" if functions else "EVALSHA"}
     with server(keep) as cg:
         raw = redis.Redis.from_url(cg.url)
@@ -281,6 +364,10 @@ def measure(batches: list[int], rounds: int, functions: bool = True, held_back: 
             }
         if held_back:
             out.update(held_back_counts(cg, client, held_back, rounds))
+        if due_entries:
+            out.update(due_counts(cg, client, rounds, due_entries))
+        if scheduled:
+            out.update(scheduled_counts(cg, client, rounds, scheduled))
         client.stream_create(T, N, "pub")
         publishes = rounds * 3
         felix = cg.count(repeat(lambda: client.publish(T, N, "pub", PAYLOAD), publishes), "publish")
@@ -319,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held", type=int, action="append", default=[],
                         help="also count poll(16, ack=...) with this many records in flight below the "
                              "position (repeatable; compared with none held and with the fewest given)")
+    parser.add_argument("--due", type=int, default=0, metavar="ENTRIES",
+                        help="also count poll(16, ack=...) handing out delayed records the group passed over, "
+                             "now due (published as ENTRIES batches, each sharing a due time), against plain ones")
+    parser.add_argument("--scheduled", type=int, default=0, metavar="N",
+                        help="also count poll(16, ack=...) of plain records beside N delayed records not yet due, "
+                             "against the same poll with none")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="keep each part's callgrind dump in DIR (NAME.callgrind, for callgrind_annotate; a "
@@ -330,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not on PATH")
     emit(measure(args.batch or [16, 64], args.batches, functions=not args.evalsha, held_back=tuple(args.held),
-                 keep=args.keep), args.out)
+                 keep=args.keep, due_entries=args.due, scheduled=args.scheduled), args.out)
     return 0
 
 

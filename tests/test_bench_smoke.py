@@ -180,7 +180,7 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "instructions.json"
     kept = tmp_path / "dumps"
     cmd = [sys.executable, "bench/instructions.py", "--batch", "4", "--batches", "3", "--held", "8",
-           "--out", str(out), "--keep", str(kept)]
+           "--due", "3", "--scheduled", "300", "--out", str(out), "--keep", str(kept)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -198,7 +198,15 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     assert {p.name for p in kept.iterdir()} == {
         "poll_4.callgrind", "poll_then_ack_4.callgrind", "raw_xreadgroup_xack_4.callgrind", "least_poll_4.callgrind",
         "poll_16_held_0.callgrind", "poll_16_held_8.callgrind", "publish.callgrind",
-        "raw_xadd.callgrind", "publish_plain.callgrind", "empty_function.callgrind", "least_publish_script.callgrind"}
+        "raw_xadd.callgrind", "publish_plain.callgrind", "empty_function.callgrind", "least_publish_script.callgrind",
+        "poll_16_due-plain.callgrind", "poll_16_due-passed.callgrind", "poll_16_sched-none.callgrind",
+        "poll_16_sched-held.callgrind"}
+    # records handed out from the due index, and plain ones beside delayed ones not due:
+    # each against the same poll of plain records alone
+    due, sched = data["due_passed_over"], data["poll_with_scheduled"]
+    assert due["index_entries"] == 3 and sched["scheduled"] == 300
+    assert due["plain_per_batch"] > 0 and due["passed_over_per_batch"] > 0 and due["over_plain"] > 0
+    assert sched["none_per_batch"] > 0 and sched["scheduled_per_batch"] > 0 and sched["over_none"] > 0
     # handing the records out is part of what a felix poll does, so it costs less
     drain = data["drain_batch_4"]
     assert 0 < drain["least_poll_script_per_batch"] < drain["felix_per_batch"]
@@ -208,6 +216,28 @@ def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
     pub = data["publish"]
     assert pub["empty_function_per_call"] < pub["least_publish_script_per_call"] < pub["felix_plain_per_call"]
     assert pub["felix_plain_per_call"] < pub["felix_per_call"]
+
+
+def test_delay_figures_run_end_to_end(tmp_path: Path) -> None:
+    """bench/delays.py with tiny numbers: every figure is there, memory per record at each
+    payload size asked for, and the counts the run checks itself."""
+    out = tmp_path / "delays.json"
+    cmd = [sys.executable, "bench/delays.py", "--records", "300", "--single-records", "200", "--scheduled", "300",
+           "--drain", "300", "--rounds", "1", "--sizes", "32,64", "--size-records", "200", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["memory"]["scheduled"] == 300 and data["memory"]["pending"] == 0
+    assert data["memory_one_by_one"]["scheduled"] == 200 and data["memory_one_by_one"]["payload_bytes"] == 64
+    sizes = data["memory_one_by_one_sizes"]
+    assert sizes["sizes"] == [32, 64] and [e["payload_bytes"] for e in sizes["each"]] == [32, 64]
+    assert all(e["plain_bytes_per_record"] > 0 and e["ratio"] > 0 for e in sizes["each"])
+    assert sizes["min_ratio"] <= sizes["median_ratio"] <= sizes["max_ratio"]
+    assert 0 <= sizes["sizes_at_or_below_1_5x"] <= 2
+    for part, field in (("poll_with_scheduled", "ratio"), ("due_drain", "passed_over_ratio"),
+                        ("due_drain", "met_by_scan_ratio")):
+        assert data[part][field] > 0
 
 
 def test_scale_figures_run_end_to_end() -> None:
