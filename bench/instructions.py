@@ -179,9 +179,8 @@ def held_back_counts(cg: Callgrind, client: Any, held_back: tuple[int, ...], rou
     sizes = (0, *held_back)
     steps = max(1, min(steps, rounds))
     per_step = max(1, rounds // steps)
-    last: dict[int, list[Any]] = {}
     for n in sizes:
-        stream = f"held{n}"
+        stream = f"held_{n}"
         client.stream_create(T, N, stream)
         client.group_create(T, N, stream, G, visibility_timeout_ms=3_600_000)
         total = n + 16 * (per_step * steps + 10)
@@ -190,21 +189,8 @@ def held_back_counts(cg: Callgrind, client: Any, held_back: tuple[int, ...], rou
         kept = 0
         while kept < n:
             kept += len(client.group_poll(T, N, stream, 0, G, max_records=min(1000, n - kept)))
-        last[n] = []
-
-    def held_batch(n: int) -> Callable[[], None]:
-        def run() -> None:
-            last[n][:] = client.group_poll(T, N, f"held{n}", 0, G, max_records=16, ack=last[n])
-        return run
-
-    for n in sizes:
-        for _ in range(5):
-            held_batch(n)()
-    counted = dict.fromkeys(sizes, 0)
-    for _ in range(steps):
-        for n in sizes:
-            counted[n] += cg.count(repeat(held_batch(n), per_step), f"poll_16_held_{n}")
-    per_batch = {n: counted[n] / (per_step * steps) for n in sizes}
+    counts = alternating_polls(cg, client, tuple(f"held_{n}" for n in sizes), steps, per_step)
+    per_batch = dict(zip(sizes, counts, strict=True))
     out: dict[str, Any] = {"held_back_none": {"felix_per_batch": round(per_batch[0])}}
     fewest = min(held_back)
     for n in held_back:
