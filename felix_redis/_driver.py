@@ -40,7 +40,8 @@ from felix_redis.errors import (
 )
 from felix_redis.lane import NotSent
 from felix_redis.models import Record, StreamInfo, parse_claim
-from felix_redis.protocol import TRANSIENT_ERRORS, Batch, Cmd, Core, Eval, Op, Plan, check_list, retry_delays
+from felix_redis.plans import Took
+from felix_redis.protocol import TRANSIENT_ERRORS, Batch, BlockAny, Cmd, Core, Eval, Op, Plan, check_list, retry_delays
 from felix_redis.sharded import PollState
 
 log = logging.getLogger("felix_redis")
@@ -53,6 +54,20 @@ FLUSH_TRIES = 50
 #: a cluster re-sharding or a restart (LOADING) is under way. The call did not run, so
 #: the driver sends it again whatever it does (ConnectionFailed with ``unsent``).
 UNAVAILABLE = (ClusterError, RedisClusterException, TryAgainError, AskError, ReadOnlyError, BusyLoadingError)
+
+
+def took(op: BlockAny, replies: list[Any]) -> Any:
+    """A driver's answer to ``op`` (a block with a ``then`` call) from the two replies of
+    the write that sent both: :class:`Took`; the block's answer alone when the call
+    failed (a missing library, a failover's refusal: the plan sends it again, as it
+    would without ``then``); a block refused raises (as without ``then``; a poll that
+    ran behind it anyway leaves its records to their leases)."""
+    moved, reply = replies
+    if isinstance(moved, Exception):
+        raise moved
+    if isinstance(reply, Exception) or op.then is None:
+        return moved
+    return Took(moved, reply)
 
 
 def translate(exc: Exception, op: Op, server: str) -> Exception:

@@ -29,6 +29,7 @@ from felix_redis._driver import (
     describe_server,
     max_block_ms,
     not_replicated,
+    took,
     translate,
     with_nodes,
 )
@@ -50,6 +51,7 @@ from felix_redis.lane import (
     async_node_call,
     async_node_call_many,
     async_pool_call,
+    async_pool_call_many,
     lane_pool,
     read_reply,
 )
@@ -353,6 +355,9 @@ class AsyncClient(_AwaitsToItself):
     async def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
         if not self._cluster:
+            if op.then is not None and self._pool is not None:
+                return took(op, await async_pool_call_many(self._pool, [calls[0], self._runner.command(
+                    op.then.script, op.then.keys, op.then.args)]))
             return await self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, each on its node, at once; the
         # first answer wins.

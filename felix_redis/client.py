@@ -36,6 +36,7 @@ from felix_redis._driver import (
     max_block_ms,
     not_replicated,
     outcome,
+    took,
     translate,
     with_nodes,
 )
@@ -403,6 +404,9 @@ class Client:
     def _block(self, op: BlockAny) -> Any:
         calls = xread_calls(op, getattr(self.redis, "keyslot", None), self._max_block_ms)
         if not self._cluster:
+            if op.then is not None and self._pool is not None:
+                return took(op, pool_call_many(self._pool, [tuple(calls[0]), self._runner.command(
+                    op.then.script, op.then.keys, op.then.args)]))
             return self.redis.execute_command(*calls[0])
         # Redis Cluster: one blocking read per slot, each on its node, at once; the
         # first answer wins.

@@ -105,3 +105,10 @@ QUEUED_ACKS_MAX = 1_000
 #: How long a group's watch outlives the watcher's wait (ms): the gap a watcher may leave
 #: between one long poll and the next before another waiter takes the watch over.
 WATCH_MARGIN_MS = 1000
+
+#: How soon (s) a waiter's next long poll may start from the reply of the poll that ran
+#: behind its last block when that wait ran out, instead of polling first (an idle loop:
+#: one poll and one block per wait, as without that poll); and how many such replies a
+#: client keeps (one per thread or task that long-polls a group).
+LOOK_REUSE_S = 0.05
+LOOKS_KEPT_MAX = 1024

@@ -124,6 +124,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but optional 
 
 __all__ = [
     "AsyncLane", "Lane", "NotSent", "async_borrow", "async_ensure_connected", "async_node_call", "async_pool_call",
+    "async_pool_call_many",
     "borrow", "ensure_connected", "lane_pool", "pool_call", "read_reply",
 ]
 
@@ -641,6 +642,25 @@ async def async_node_call(node: Any, args: tuple[Any, ...] | list[Any]) -> Any:
         return await _async_call(conn, args)
     finally:
         node.release(conn)
+
+
+async def async_pool_call_many(pool: Any, commands: list[Any]) -> list[Any]:
+    """As :func:`pool_call_many`, on a redis.asyncio connection pool."""
+    conn = await async_borrow(pool)
+    try:
+        await async_ensure_connected(conn)
+        await _async_write(conn, conn.pack_commands(commands))
+        replies = await _async_replies(conn, len(commands))
+        if any(isinstance(reply, ReadOnlyError) for reply in replies):
+            await conn.disconnect()  # a replica now: the next call connects anew
+        return replies
+    except NotSent:
+        raise
+    except BaseException:
+        await conn.disconnect()  # replies may still be on their way (or a cancelled task)
+        raise
+    finally:
+        await pool.release(conn)
 
 
 async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:

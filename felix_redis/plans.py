@@ -67,21 +67,39 @@ class BlockAny:
     then reports any real failure. A driver may return early (it caps blocks below its
     socket timeout). With ``bell`` (a group's bell key, ``streams`` empty) it waits on
     the bell instead: one BZPOPMIN, answered as the pop (None: nothing rang); a user
-    without the command gets PermissionDenied thrown in."""
+    without the command gets PermissionDenied thrown in.
 
-    __slots__ = ("bell", "block_ms", "context", "streams")
+    ``then``: a script call to run right after the block, on the same connection in the
+    same write (a pipeline: Redis runs it the moment the block returns, so a wake-up and
+    the call it leads to cost one round trip, not two). A driver that ran it answers
+    :class:`Took`; one that could not (Redis Cluster, ``memory://``, a call that WAITs
+    for replicas) or whose call failed (a missing library, a failover) answers as
+    without ``then``, and the plan sends the call itself."""
+
+    __slots__ = ("bell", "block_ms", "context", "streams", "then")
 
     #: what a driver answers for a block that failed (the connection was lost): the
     #: plan cannot tell what moved while it was not looking
     FAILED: Any = object()
 
     def __init__(
-        self, streams: list[tuple[str, str]], block_ms: int, context: str = "", bell: str | None = None
+        self, streams: list[tuple[str, str]], block_ms: int, context: str = "", bell: str | None = None,
+        then: Eval | None = None,
     ) -> None:
         self.streams = streams
         self.block_ms = block_ms
         self.context = context
         self.bell = bell
+        self.then = then
+
+
+class Took(NamedTuple):
+    """A driver's answer to a :class:`BlockAny` whose ``then`` it ran behind the block."""
+
+    #: the block's own answer (as without ``then``)
+    moved: Any
+    #: the reply of the ``then`` call
+    reply: Any
 
 
 class Batch:

@@ -69,6 +69,7 @@ from felix_redis.plans import (
     Plan,
     Retrying,
     Sleep,
+    Took,
     follow_bell,
     retry_delays,
     retry_safe,
@@ -199,6 +200,10 @@ class Core:
         self.bells = True
         #: rings popped and not yet named in a poll, by (waiter, bell key): ' @ID'
         self.rings: dict[tuple[str, str], str] = {}
+        #: the poll that ran behind a long poll's last block when its wait ran out, by
+        #: (waiter, bell key): (time.monotonic() then, max_records, consumer, wait_ms,
+        #: reply); the waiter's next long poll like it starts from that reply
+        self.looks: dict[tuple[str, str], tuple[float, int, str, int, Any]] = {}
         self.producers = ProducerPool()
         self.retention = Retention()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -1015,9 +1020,14 @@ class Core:
         bell_keys = [*keys, bell] if bell else keys
         waiter = waiter_name() if bell else ""
         ring_key = (waiter, bell or "")
+        took: Any = None  # the reply of the poll the last block took along (BlockAny.then)
+        if bell is not None and len(args) == 3 and not reclaim and self.looks:
+            took = self.reused_look(ring_key, max_records, args[1], wait_ms)
         while True:
             watching = bell is not None and self.bells
-            if watching:
+            if took is not None:
+                reply, took = took, None
+            elif watching:
                 ttl = max(1, int((deadline - time.monotonic()) * 1000)) + C.WATCH_MARGIN_MS
                 # a ring this waiter popped: this call takes the watch it handed over
                 ring = self.rings.pop(ring_key, "")
@@ -1060,7 +1070,36 @@ class Core:
                 if left_ms <= 0 or rang.due_in == 0:
                     continue
                 block_ms = left_ms if rang.due_in < 0 else max(1, min(left_ms, rang.due_in + 1))
-            moved = yield BlockAny(points, block_ms, context)
+            # the next poll goes behind the block, in the same write: Redis runs it the
+            # moment the block returns (a publish and the poll that takes it: one round trip)
+            then = None
+            if not settings.replicas:
+                if bell is not None and self.bells:
+                    # it runs when the block ends, block_ms from now at the latest. When
+                    # the block lasts the rest of the wait, its reply is also the first
+                    # poll of this waiter's next long poll (reused_look), so its watch
+                    # lasts one more wait (and the margin) after this one: a watcher that
+                    # stops polling then is replaced a wait later than the margin says
+                    ttl = (wait_ms if block_ms == left_ms else max(1, left_ms - block_ms)) + C.WATCH_MARGIN_MS
+                    ring = self.rings.get(ring_key, "")
+                    call = [args[0], args[1], f"{args[2]} {waiter} {ttl}{ring}", *args[3:]]
+                    then = Eval("group_poll", bell_keys, call, context)
+                else:
+                    then = Eval("group_poll", keys, args, context)
+            moved = yield BlockAny(points, block_ms, context, then=then)
+            if type(moved) is Took:
+                # the poll ran: the ring it named is used; the loop's top reads its reply
+                # (records, or nothing: then the wait's end is told below as before)
+                if bell is not None:
+                    self.rings.pop(ring_key, None)
+                took, moved = moved.reply, moved.moved
+                if int(took[4]) or moved or block_ms != left_ms or deadline - time.monotonic() >= 0.01:
+                    continue
+                if bell is not None:
+                    if len(self.looks) >= C.LOOKS_KEPT_MAX:
+                        self.looks.clear()
+                    self.looks[ring_key] = (time.monotonic(), max_records, args[1], wait_ms, took)
+                return []
             if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                 # the wait ran out (the server's timer may fire a ms early), nothing moved
                 # and nothing fell due within it: a poll now would find what the last one
@@ -1068,6 +1107,22 @@ class Core:
                 # are all due times); the caller's next poll looks again. (A block the
                 # driver cut short, below its socket timeout, leaves time: polled again.)
                 return []
+
+    def reused_look(self, key: tuple[str, str], max_records: int, consumer: str, wait_ms: int) -> Any:
+        """The reply of the poll that ran behind this waiter's last block when its wait
+        ran out, as the first poll of a long poll that would send the same (no acks, no
+        reclaim, the same ``max_records``, consumer and wait), when it ran at most
+        ``LOOK_REUSE_S`` ago; else None. Its points and due time still hold: anything
+        since is after the points, which the block watches, and the due time is moved
+        back by the time since (its watch was taken for this wait: see group_poll)."""
+        look = self.looks.pop(key, None)
+        if look is None:
+            return None
+        at, was_max, was_consumer, was_wait, reply = look
+        age_ms = int((time.monotonic() - at) * 1000)
+        if age_ms > C.LOOK_REUSE_S * 1000 or (was_max, was_consumer, was_wait) != (max_records, consumer, wait_ms):
+            return None
+        return [int(reply[0]) + age_ms, *reply[1:]]
 
     def sharded_poll(
         self,

@@ -233,6 +233,40 @@ def test_long_poll_race_window(backend: tuple[str, Any], monkeypatch: pytest.Mon
     run(backend[0], scenario)
 
 
+def test_a_wake_up_and_the_poll_that_takes_the_record_are_one_round_trip(
+        redis_url: str, raw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the sync client's (tests/test_long_poll.py): the poll that takes a record
+    published during the block went behind the block, in the same write."""
+    async def scenario(c: fa.AsyncClient, url: str) -> None:
+        await c.stream_create(T, N, S)
+        await c.group_create(T, N, S, G)
+        await c.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
+        other = fa.connect(url)
+        answers: list[Any] = []
+        real = c._execute
+
+        async def spy(op: Any) -> Any:
+            answer = await real(op)
+            answers.append((op, answer))
+            return answer
+
+        async def publish() -> None:
+            await asyncio.sleep(0.3)
+            await other.publish(T, N, S, b"job")
+
+        monkeypatch.setattr(c, "_execute", spy)
+        try:
+            records, _ = await asyncio.gather(c.group_poll(T, N, S, 0, G, wait=5), publish())
+        finally:
+            await other.close()
+        assert [r.payload for r in records] == [b"job"]
+        assert [type(op).__name__ for op, _ in answers] == ["Eval", "BlockAny"], answers
+        assert type(answers[1][1]).__name__ == "Took" and answers[1][1].moved
+        assert await c.group_ack(T, N, S, 0, G, records[0]) is True
+
+    run(redis_url, scenario)
+
+
 def test_long_poll_wakes_on_nack_and_lapse(backend: tuple[str, Any]) -> None:
     async def scenario(c: fa.AsyncClient, url: str) -> None:
         await c.stream_create(T, N, S)

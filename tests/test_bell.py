@@ -237,6 +237,26 @@ def test_a_lone_taker_watches_again_without_popping_its_own_ring(
     assert redis_client.group_describe(T, N, S, G).pending == 0
 
 
+def test_a_wait_that_ran_out_leaves_the_watch_for_one_more_wait(
+        redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    """The poll behind a watcher's block that lasted the rest of its wait starts the
+    watcher's next long poll: it holds the watch for one more wait and the margin, so a
+    loop of idle long polls keeps its watch without a poll of its own per wait. No
+    longer: a watcher that stops polling is replaced one wait later."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+    assert redis_client.group_poll(T, N, S, 0, G, wait=1.0) == []
+    seconds, micros = raw.time()
+    left = int(raw.hget(lead, "lead").split()[1]) - (seconds * 1000 + micros // 1000)
+    assert 1000 + WATCH_MARGIN_MS - 300 <= left <= 1000 + WATCH_MARGIN_MS, left
+    # the next long poll starts from it: it watches at once (a record reaches it now)
+    threading.Timer(0.2, lambda: redis_client.publish(T, N, S, b"now")).start()
+    start = time.monotonic()
+    assert [r.payload for r in redis_client.group_poll(T, N, S, 0, G, wait=3.0)] == [b"now"]
+    assert time.monotonic() - start < 0.2 + 0.3
+
+
 def test_a_watcher_that_stops_polling_is_replaced(
         redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
     """A poller takes the watch with wait=0.3 and never polls again (a crash, a worker

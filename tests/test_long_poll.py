@@ -250,19 +250,87 @@ def test_idle_long_poll_makes_constant_number_of_calls(
 
 
 def test_idle_long_poll_commandstats(redis_client: felix_redis.Client, raw: redis.Redis) -> None:
-    """Counted by the server: an idle long poll with wait=2 is one poll and one block (no
-    second poll when the wait runs out with nothing moved and nothing due: the next
-    call's poll looks)."""
+    """Counted by the server: a loop of idle long polls is one poll and one block per
+    wait. The poll that runs behind each block (in the same write, so that a wake-up
+    costs one round trip) is the next call's first poll: three waits of 1 s are the
+    first poll, then three blocks with a poll behind each."""
     setup(redis_client)
     redis_client.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
     raw.config_resetstat()
     start = time.monotonic()
-    assert redis_client.group_poll(T, N, S, 0, G, wait=2) == []
-    assert time.monotonic() - start >= 1.9
+    for _ in range(3):
+        assert redis_client.group_poll(T, N, S, 0, G, wait=1) == []
+    assert time.monotonic() - start >= 2.9
     stats = raw.info("commandstats")
     scripts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha", "eval"))
     xreads = stats.get("cmdstat_xread", {}).get("calls", 0)
-    assert (scripts, xreads) == (1, 1), {k: v for k, v in stats.items() if k != "cmdstat_config"}
+    assert (scripts, xreads) == (4, 3), {k: v for k, v in stats.items() if k != "cmdstat_config"}
+
+
+def test_a_wake_up_and_the_poll_that_takes_the_record_are_one_round_trip(
+    redis_client: felix_redis.Client, redis_url: str, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long poller blocked on the log gets a record published meanwhile from the poll
+    that went behind its block in the same write: after the block, no call of its own
+    (the driver answers the block with that poll's reply)."""
+    setup(redis_client)
+    redis_client.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
+    answers: list[Any] = []
+    real = redis_client._execute
+
+    def spy(op: Any) -> Any:
+        answer = real(op)
+        answers.append((op, answer))
+        return answer
+
+    monkeypatch.setattr(redis_client, "_execute", spy)
+    publisher = felix_redis.connect(redis_url)
+    thread = in_thread(lambda: publisher.publish(T, N, S, b"job"), 0.3)
+    try:
+        records = redis_client.group_poll(T, N, S, 0, G, wait=5)
+        thread.join()
+    finally:
+        publisher.close()
+    assert [r.payload for r in records] == [b"job"]
+    kinds = [type(op).__name__ for op, _ in answers]
+    assert kinds == ["Eval", "BlockAny"], kinds
+    block, answer = answers[1]
+    assert block.then is not None and block.then.script == "group_poll"
+    assert type(answer).__name__ == "Took" and answer.moved, answer
+    # and the record is leased to this poll as any other: its ack settles it
+    assert redis_client.group_ack(T, N, S, 0, G, records[0]) is True
+    assert redis_client.group_describe(T, N, S, G).pending == 0
+
+
+def test_a_poll_behind_the_block_that_finds_no_library_is_sent_again(
+    redis_client: felix_redis.Client, redis_url: str, raw: redis.Redis
+) -> None:
+    """The server lost the function library while the poller was blocked (FUNCTION
+    FLUSH, a failover to a server without it) and a record lands (written here as a
+    publish writes it, with no script, so nothing loads the library first): the poll
+    behind the block fails, the plan sends it again as any call (the library loaded),
+    and the record is still handed out at once."""
+    setup(redis_client)
+    redis_client.publish(T, N, S, b"first")
+    (first,) = redis_client.group_poll(T, N, S, 0, G)
+    log = f"felix:{{{T}/{N}/{S}/0}}:log"
+    ((entry_id, fields),) = raw.xrange(log)
+    assert entry_id.startswith(b"0-")
+
+    def flush_and_append() -> None:
+        raw.function_flush()
+        pipe = raw.pipeline(transaction=True)
+        pipe.hset(f"felix:{{{T}/{N}/{S}/0}}:meta", "tail", 2)
+        pipe.xadd(log, {k: (b"second" if v == b"first" else v) for k, v in fields.items()}, id="1-1")
+        pipe.execute()
+
+    thread = in_thread(flush_and_append, 0.3)
+    start = time.monotonic()
+    records = redis_client.group_poll(T, N, S, 0, G, wait=5, ack=[first])
+    thread.join()
+    assert [(r.offset, r.payload) for r in records] == [(1, b"second")]
+    assert time.monotonic() - start < 2.0
+    assert raw.function_list()  # loaded again by the poll
 
 
 def test_idle_long_poll_with_lease_in_flight_wakes_only_at_its_lapse(
