@@ -60,10 +60,13 @@ def took(op: BlockAny, replies: list[Any]) -> Any:
     """A driver's answer to ``op`` (a block with a ``then`` call) from the two replies of
     the write that sent both: :class:`Took`; the block's answer alone when the call
     failed (a missing library, a failover's refusal: the plan sends it again, as it
-    would without ``then``); a block refused raises (as without ``then``; a poll that
-    ran behind it anyway leaves its records to their leases)."""
+    would without ``then``). A block refused (no XREAD for this user) raises, as without
+    ``then``; but when the poll behind it ran anyway and handed records out, they are
+    answered (nothing moved) so that they reach the caller: the next block raises."""
     moved, reply = replies
     if isinstance(moved, Exception):
+        if isinstance(reply, list) and len(reply) > 4 and int(reply[4]) > 0:
+            return Took(None, reply)
         raise moved
     if isinstance(reply, Exception) or op.then is None:
         return moved

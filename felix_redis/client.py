@@ -200,6 +200,7 @@ class Client:
         self._max_block_ms = max_block_ms(redis_client)
         self.core = Core(prefix=prefix, idempotent_publish=idempotent_publish, retry_for=retry_for)
         self.core.cluster = self._cluster
+        self.core.block_cap_ms = self._max_block_ms
         watch_connects(redis_client, self._connected)
         self.url = redact_url(url) if url else describe_server(redis_client)
         self._runner = scripts.Runner()

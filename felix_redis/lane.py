@@ -648,17 +648,7 @@ async def async_pool_call_many(pool: Any, commands: list[Any]) -> list[Any]:
     """As :func:`pool_call_many`, on a redis.asyncio connection pool."""
     conn = await async_borrow(pool)
     try:
-        await async_ensure_connected(conn)
-        await _async_write(conn, conn.pack_commands(commands))
-        replies = await _async_replies(conn, len(commands))
-        if any(isinstance(reply, ReadOnlyError) for reply in replies):
-            await conn.disconnect()  # a replica now: the next call connects anew
-        return replies
-    except NotSent:
-        raise
-    except BaseException:
-        await conn.disconnect()  # replies may still be on their way (or a cancelled task)
-        raise
+        return await _async_call_many(conn, commands)
     finally:
         await pool.release(conn)
 
@@ -670,6 +660,15 @@ async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> li
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise NotSent(exc) from None
     try:
+        return await _async_call_many(conn, commands)
+    finally:
+        node.release(conn)
+
+
+async def _async_call_many(conn: Any, commands: list[Any]) -> list[Any]:
+    """``commands`` in one write on a borrowed redis.asyncio ``conn``, their replies (an
+    error reply in its place); a connection left mid-reply is dropped, never reused."""
+    try:
         await async_ensure_connected(conn)
         await _async_write(conn, conn.pack_commands(commands))
         replies = await _async_replies(conn, len(commands))
@@ -681,8 +680,6 @@ async def async_node_call_many(node: Any, commands: list[tuple[Any, ...]]) -> li
     except BaseException:
         await conn.disconnect()  # replies may still be on their way (or a cancelled task)
         raise
-    finally:
-        node.release(conn)
 
 
 async def _async_call(conn: Any, args: tuple[Any, ...] | list[Any]) -> Any:

@@ -72,8 +72,8 @@ class BlockAny:
     ``then``: a script call to run right after the block, on the same connection in the
     same write (a pipeline: Redis runs it the moment the block returns, so a wake-up and
     the call it leads to cost one round trip, not two). A driver that ran it answers
-    :class:`Took`; one that could not (Redis Cluster, ``memory://``, a call that WAITs
-    for replicas) or whose call failed (a missing library, a failover) answers as
+    :class:`Took`; one that could not (Redis Cluster, ``memory://``, a client with no
+    lane pool: :func:`felix_redis.lane.lane_pool`) or whose call failed (a missing library, a failover) answers as
     without ``then``, and the plan sends the call itself."""
 
     __slots__ = ("bell", "block_ms", "context", "streams", "then")
@@ -147,8 +147,9 @@ RETRY_SAFE_COMMANDS = frozenset({
     "DEL",  # a deleted group's bell (deleting twice is deleting once)
 })
 #: Error replies that mean "this node cannot take the call now" (a failover or restart
-#: is under way); treated like a lost connection.
-TRANSIENT_ERRORS = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+#: is under way; UNBLOCKED: a block cut short because the server became a replica);
+#: treated like a lost connection.
+TRANSIENT_ERRORS = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "UNBLOCKED")
 
 
 def retry_safe(op: object) -> bool:

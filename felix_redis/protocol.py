@@ -201,9 +201,11 @@ class Core:
         #: rings popped and not yet named in a poll, by (waiter, bell key): ' @ID'
         self.rings: dict[tuple[str, str], str] = {}
         #: the poll that ran behind a long poll's last block when its wait ran out, by
-        #: (waiter, bell key): (time.monotonic() then, max_records, consumer, wait_ms,
-        #: reply); the waiter's next long poll like it starts from that reply
-        self.looks: dict[tuple[str, str], tuple[float, int, str, int, Any]] = {}
+        #: (waiter, bell key): (time.monotonic() then, epoch, max_records, consumer,
+        #: wait_ms, reply); the waiter's next long poll like it starts from that reply
+        self.looks: dict[tuple[str, str], tuple[float, int, int, str, int, Any]] = {}
+        #: the longest block the driver sends (below its socket timeout; set by the driver)
+        self.block_cap_ms = 2**31
         self.producers = ProducerPool()
         self.retention = Retention()
         self._round_robin = itertools.count(random.randrange(1 << 16))
@@ -1020,9 +1022,20 @@ class Core:
         bell_keys = [*keys, bell] if bell else keys
         waiter = waiter_name() if bell else ""
         ring_key = (waiter, bell or "")
+
+        def watch_call(ttl: int, ring: str) -> list[Any]:
+            """The poll's arguments as a call of the group's watch: the waiter, how long
+            its watch lasts (ms), the ring it names."""
+            return [args[0], args[1], f"{args[2]} {waiter} {ttl}{ring}", *args[3:]]
+
         took: Any = None  # the reply of the poll the last block took along (BlockAny.then)
+        # an idle loop: this long poll starts from the poll behind the last one's block
+        steady = False
         if bell is not None and len(args) == 3 and not reclaim and self.looks:
             took = self.reused_look(ring_key, max_records, args[1], wait_ms)
+            steady = took is not None
+        # ms of this waiter's watch left, as the look said (its first block ends before)
+        watch_left = int(took[6]) - int(took[0]) if steady and int(took[5]) == 1 else -1
         while True:
             watching = bell is not None and self.bells
             if took is not None:
@@ -1030,9 +1043,8 @@ class Core:
             elif watching:
                 ttl = max(1, int((deadline - time.monotonic()) * 1000)) + C.WATCH_MARGIN_MS
                 # a ring this waiter popped: this call takes the watch it handed over
-                ring = self.rings.pop(ring_key, "")
-                call = [args[0], args[1], f"{args[2]} {waiter} {ttl}{ring}", *args[3:]]
-                reply = yield Eval("group_poll", bell_keys, call, context, settings.replicas)
+                reply = yield Eval("group_poll", bell_keys, watch_call(ttl, self.rings.pop(ring_key, "")),
+                                   context, settings.replicas)
             else:
                 reply = yield Eval("group_poll", keys, args, context, settings.replicas)
             count = int(reply[4])
@@ -1052,6 +1064,12 @@ class Core:
             block_ms = left_ms
             if due >= 0:
                 block_ms = max(1, min(block_ms, due - int(reply[0]) + 1))
+            if watch_left >= 0:
+                # the watch the look's poll took lapses within this block (it was taken
+                # for the rest of that wait, not this one): the poll behind a block that
+                # ends before then keeps it
+                block_ms = max(1, min(block_ms, watch_left - C.WATCH_MARGIN_MS // 2))
+                watch_left = -1
             points = wake_points(keys, reply)
             if watching and bell is not None and int(reply[5]) == 2:
                 # another waiter watches: wait on the bell, until the wait ends or what
@@ -1071,34 +1089,32 @@ class Core:
                     continue
                 block_ms = left_ms if rang.due_in < 0 else max(1, min(left_ms, rang.due_in + 1))
             # the next poll goes behind the block, in the same write: Redis runs it the
-            # moment the block returns (a publish and the poll that takes it: one round trip)
+            # moment the block returns (a publish and the poll that takes it: one round
+            # trip). Only a call of the group's watch without reclaim: when the wait runs
+            # out, its reply starts this waiter's next long poll (a loop stays at one
+            # poll per wait); others (a user without the bell, a reclaiming consumer)
+            # would make two, and send the poll after the block as before
             then = None
-            if not settings.replicas:
-                if bell is not None and self.bells:
-                    # it runs when the block ends, block_ms from now at the latest. When
-                    # the block lasts the rest of the wait, its reply is also the first
-                    # poll of this waiter's next long poll (reused_look), so its watch
-                    # lasts one more wait (and the margin) after this one: a watcher that
-                    # stops polling then is replaced a wait later than the margin says
-                    ttl = (wait_ms if block_ms == left_ms else max(1, left_ms - block_ms)) + C.WATCH_MARGIN_MS
-                    ring = self.rings.get(ring_key, "")
-                    call = [args[0], args[1], f"{args[2]} {waiter} {ttl}{ring}", *args[3:]]
-                    then = Eval("group_poll", bell_keys, call, context)
-                else:
-                    then = Eval("group_poll", keys, args, context)
+            if watching and not reclaim and not settings.replicas:
+                # it runs when the block ends, at the latest when the block the driver
+                # sends does. Its watch lasts the rest of this wait and the margin; for a
+                # block to the wait's end in an idle loop (this long poll started from a
+                # look), one more wait, which the next long poll of the loop starts with
+                runs_ms = min(block_ms, self.block_cap_ms)
+                ttl = wait_ms if steady and runs_ms >= left_ms else max(1, left_ms - runs_ms)
+                then = Eval("group_poll", bell_keys, watch_call(ttl + C.WATCH_MARGIN_MS,
+                                                                self.rings.get(ring_key, "")), context)
             moved = yield BlockAny(points, block_ms, context, then=then)
             if type(moved) is Took:
                 # the poll ran: the ring it named is used; the loop's top reads its reply
                 # (records, or nothing: then the wait's end is told below as before)
-                if bell is not None:
-                    self.rings.pop(ring_key, None)
+                self.rings.pop(ring_key, None)
                 took, moved = moved.reply, moved.moved
                 if int(took[4]) or moved or block_ms != left_ms or deadline - time.monotonic() >= 0.01:
                     continue
-                if bell is not None:
-                    if len(self.looks) >= C.LOOKS_KEPT_MAX:
-                        self.looks.clear()
-                    self.looks[ring_key] = (time.monotonic(), max_records, args[1], wait_ms, took)
+                if len(self.looks) >= C.LOOKS_KEPT_MAX:
+                    self.looks.clear()
+                self.looks[ring_key] = (time.monotonic(), self.epoch, max_records, args[1], wait_ms, took)
                 return []
             if not moved and block_ms == left_ms and deadline - time.monotonic() < 0.01:
                 # the wait ran out (the server's timer may fire a ms early), nothing moved
@@ -1114,14 +1130,16 @@ class Core:
         reclaim, the same ``max_records``, consumer and wait), when it ran at most
         ``LOOK_REUSE_S`` ago; else None. Its points and due time still hold: anything
         since is after the points, which the block watches, and the due time is moved
-        back by the time since (its watch was taken for this wait: see group_poll)."""
+        back by the time since. Not after a lost connection or a failover (``epoch``)."""
         look = self.looks.pop(key, None)
         if look is None:
             return None
-        at, was_max, was_consumer, was_wait, reply = look
+        at, epoch, was_max, was_consumer, was_wait, reply = look
         age_ms = int((time.monotonic() - at) * 1000)
         if age_ms > C.LOOK_REUSE_S * 1000 or (was_max, was_consumer, was_wait) != (max_records, consumer, wait_ms):
             return None
+        if epoch != self.epoch:
+            return None  # a lost connection or failover since: the server may have rolled back below its points
         return [int(reply[0]) + age_ms, *reply[1:]]
 
     def sharded_poll(

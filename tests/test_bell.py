@@ -237,24 +237,63 @@ def test_a_lone_taker_watches_again_without_popping_its_own_ring(
     assert redis_client.group_describe(T, N, S, G).pending == 0
 
 
-def test_a_wait_that_ran_out_leaves_the_watch_for_one_more_wait(
+def test_the_watch_after_a_wait_ran_out_lasts_one_more_wait_only_in_an_idle_loop(
         redis_client: felix_redis.Client, raw: redis.Redis) -> None:
-    """The poll behind a watcher's block that lasted the rest of its wait starts the
-    watcher's next long poll: it holds the watch for one more wait and the margin, so a
-    loop of idle long polls keeps its watch without a poll of its own per wait. No
-    longer: a watcher that stops polling is replaced one wait later."""
+    """The poll behind a watcher's block that lasted the rest of its wait takes the watch
+    for the margin after that wait, as a poll after the block did; in a loop of idle long
+    polls (the next one starts from that poll's reply) for one more wait and the margin,
+    so the loop keeps its watch without a poll of its own per wait. A waiter that polls
+    one long poll on a group, then others elsewhere, does not hold the group's watch
+    through them."""
     redis_client.stream_create(T, N, S)
     redis_client.group_create(T, N, S, G)
     lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+
+    def watch_left() -> int:
+        seconds, micros = raw.time()
+        return int(raw.hget(lead, "lead").split()[1]) - (seconds * 1000 + micros // 1000)
+
     assert redis_client.group_poll(T, N, S, 0, G, wait=1.0) == []
-    seconds, micros = raw.time()
-    left = int(raw.hget(lead, "lead").split()[1]) - (seconds * 1000 + micros // 1000)
-    assert 1000 + WATCH_MARGIN_MS - 300 <= left <= 1000 + WATCH_MARGIN_MS, left
+    assert WATCH_MARGIN_MS - 300 <= watch_left() <= WATCH_MARGIN_MS, watch_left()
+    assert redis_client.group_poll(T, N, S, 0, G, wait=1.0) == []  # the loop's second: it starts from the look
+    assert 1000 + WATCH_MARGIN_MS - 300 <= watch_left() <= 1000 + WATCH_MARGIN_MS, watch_left()
     # the next long poll starts from it: it watches at once (a record reaches it now)
     threading.Timer(0.2, lambda: redis_client.publish(T, N, S, b"now")).start()
     start = time.monotonic()
     assert [r.payload for r in redis_client.group_poll(T, N, S, 0, G, wait=3.0)] == [b"now"]
     assert time.monotonic() - start < 0.2 + 0.3
+
+
+def test_an_idle_loop_never_lets_its_watch_lapse(redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    """The loop's second long poll starts from the poll behind the first one's block,
+    whose watch was taken for the first wait only: before it lapses (a margin after the
+    first wait), a poll behind a shorter block keeps it. Sampled through the second and
+    third waits, the watch is live and this waiter's all along."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G)
+    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+    assert redis_client.group_poll(T, N, S, 0, G, wait=2.0) == []
+    holder = raw.hget(lead, "lead").split()[0]
+    samples: list[tuple[bytes, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seconds, micros = raw.time()
+            watch = raw.hget(lead, "lead").split()
+            samples.append((watch[0], int(watch[1]) - (seconds * 1000 + micros // 1000)))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            assert redis_client.group_poll(T, N, S, 0, G, wait=2.0) == []
+    finally:
+        stop.set()
+        thread.join(5)
+    assert len(samples) > 40
+    assert all(who == holder and left > 0 for who, left in samples), [s for s in samples if s[1] <= 0][:5]
 
 
 def test_a_watcher_that_stops_polling_is_replaced(

@@ -252,10 +252,13 @@ def test_idle_long_poll_makes_constant_number_of_calls(
 def test_idle_long_poll_commandstats(redis_client: felix_redis.Client, raw: redis.Redis) -> None:
     """Counted by the server: a loop of idle long polls is one poll and one block per
     wait. The poll that runs behind each block (in the same write, so that a wake-up
-    costs one round trip) is the next call's first poll: three waits of 1 s are the
-    first poll, then three blocks with a poll behind each."""
+    costs one round trip) is the next call's first poll. (The loop's second wait makes a
+    poll and a block more, once: the first poll behind a block took the watch for its own
+    wait only, and is renewed before it lapses.)"""
     setup(redis_client)
     redis_client.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
+    for _ in range(2):
+        assert redis_client.group_poll(T, N, S, 0, G, wait=1) == []
     raw.config_resetstat()
     start = time.monotonic()
     for _ in range(3):
@@ -264,7 +267,57 @@ def test_idle_long_poll_commandstats(redis_client: felix_redis.Client, raw: redi
     stats = raw.info("commandstats")
     scripts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha", "eval"))
     xreads = stats.get("cmdstat_xread", {}).get("calls", 0)
-    assert (scripts, xreads) == (4, 3), {k: v for k, v in stats.items() if k != "cmdstat_config"}
+    assert (scripts, xreads) == (3, 3), {k: v for k, v in stats.items() if k != "cmdstat_config"}
+
+
+@pytest.mark.parametrize("reclaim", [False, True])
+def test_a_long_poll_that_cannot_start_from_the_last_one_sends_no_poll_behind_its_block(
+    redis_client: felix_redis.Client, raw: redis.Redis, reclaim: bool
+) -> None:
+    """A waiter whose next long poll would not start from the poll behind its block (one
+    that reclaims, as group_poll_as does by default, or a user without the bell) sends no
+    poll there: its idle waits stay one poll and one block each."""
+    setup(redis_client)
+    if not reclaim:
+        redis_client.core.bells = False  # as for a user whose ACL lacks BZPOPMIN
+    redis_client.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
+    raw.config_resetstat()
+    for _ in range(3):
+        assert redis_client.group_poll_as(T, N, S, 0, G, consumer="c1", wait=0.5, reclaim=reclaim) == []
+    stats = raw.info("commandstats")
+    scripts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha", "eval"))
+    assert (scripts, stats.get("cmdstat_xread", {}).get("calls", 0)) == (3, 3), stats
+
+
+def test_records_the_poll_behind_a_refused_block_took_reach_the_caller(
+    redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str
+) -> None:
+    """A user refused XREAD (an ACL made without it): its block fails, but the poll
+    behind it ran. What that poll handed out reaches the caller (not left to its lease);
+    the refusal is raised by the next block."""
+    from felix_redis import acl
+
+    setup(redis_client, visibility_timeout_ms=30_000)
+    acl.grant(raw, acl.setuser_args("noxread", [*acl.rules("group.consume", T, N, S, G), "-xread"], password="pw"))
+    user = felix_redis.connect(redis_url.replace("redis://", "redis://noxread:pw@"))
+    try:
+        user.group_poll(T, N, S, 0, G)  # scripts loaded, settings cached
+        real = user._execute
+
+        def publish_first(op: Any) -> Any:
+            if type(op) is BlockAny and op.bell is None:
+                redis_client.publish(T, N, S, b"job")  # lands between the empty poll and the block
+            return real(op)
+
+        user._execute = publish_first  # type: ignore[method-assign]
+        records = user.group_poll(T, N, S, 0, G, wait=2)
+        assert [r.payload for r in records] == [b"job"]
+        user._execute = real  # type: ignore[method-assign]
+        with pytest.raises(felix_redis.PermissionDenied):
+            user.group_poll(T, N, S, 0, G, wait=0.5, ack=records)
+    finally:
+        user.close()
+    assert redis_client.group_describe(T, N, S, G).pending == 0
 
 
 def test_a_wake_up_and_the_poll_that_takes_the_record_are_one_round_trip(
