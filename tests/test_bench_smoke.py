@@ -367,3 +367,22 @@ def test_held_back_figures_run_end_to_end() -> None:
     for name in ("none", "held_10000", "held_10000_behind_finished", "held_100_behind_finished"):
         assert data[name]["usec_per_poll"] > 0, name
         assert abs(data[name]["over_none"] - data[name]["usec_per_poll"] / base) < 0.01, name
+
+
+def test_aof_loss_figures_run_end_to_end() -> None:
+    """bench/aof_loss.py with one trial of each way: the answered writes a crash during
+    an fsync under everysec loses are counted, and waiting for the fsync to end
+    (RedisServer.kill(between_fsyncs=True), which the AOF fault tests use) or
+    appendfsync always loses none. Both everysec ways kill once an fsync is pending, so
+    a kill that did not wait loses writes here."""
+    sys.path.insert(0, str(ROOT))
+    from bench import aof_loss
+
+    data = aof_loss.measure(trials=1, max_s=10)
+    for way in aof_loss.WAYS:
+        assert data[way]["killed"] + data[way]["no_fsync_seen"] == 1, way
+        assert len(data[way]["lost_per_trial"]) == data[way]["killed"], way
+    assert data["always"]["killed"] == 1 and data["always"]["lost_per_trial"] == [0]
+    if not data["everysec_between_fsyncs"]["killed"]:
+        pytest.skip("no AOF fsync was seen pending within 10 s (a fast disk): nothing to wait for")
+    assert data["everysec_between_fsyncs"]["lost_per_trial"] == [0]

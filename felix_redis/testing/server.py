@@ -225,11 +225,47 @@ class RedisServer:
         # A server still loading its data set answers -LOADING.
         return data.startswith(b"+PONG") or data.startswith(b"-NOAUTH")
 
-    def kill(self) -> None:
-        """SIGKILL: a crash, no shutdown save."""
+    def kill(self, *, between_fsyncs: bool = False, timeout_s: float = 5.0) -> None:
+        """SIGKILL: a crash, no shutdown save.
+
+        ``between_fsyncs``: at a moment when no background fsync of the AOF runs. Under
+        ``appendfsync everysec`` Redis holds its AOF writes back (up to 2 s) while one
+        runs, and still answers the commands they belong to: a crash then loses writes
+        it acknowledged (bench/aof_loss.py shows it). When the ``INFO persistence``
+        that says none runs is answered, every write answered before it is in the OS's
+        hands, so a kill sent at once loses none (unless an fsync starts in the
+        fraction of a millisecond in between). Within ``timeout_s``, else
+        ``TimeoutError`` and no kill."""
+        if between_fsyncs and self.process is not None and self.process.poll() is None:
+            deadline = time.monotonic() + timeout_s
+            while self._fsync_running():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"redis-server on port {self.port}: an AOF fsync ran for {timeout_s}s")
+                time.sleep(0.001)
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+
+    def _fsync_running(self) -> bool:
+        """Whether ``INFO persistence`` says a background AOF fsync is pending (never
+        without AOF)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+            sock.sendall(b"INFO persistence\r\n")
+            data = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError(f"redis-server on port {self.port} closed the connection")
+                data += chunk
+                head, sep, body = data.partition(b"\r\n")
+                if sep and not head.startswith(b"$"):
+                    raise ConnectionError(f"redis-server on port {self.port}: {head.decode(errors='replace')}")
+                if sep and len(body) >= int(head[1:]) + 2:
+                    break
+        for line in body.decode().splitlines():
+            if line.startswith("aof_pending_bio_fsync:"):
+                return line.split(":", 1)[1].strip() != "0"
+        return False  # no AOF: the field is missing
 
     def stop(self, *, cleanup: bool = True) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -245,10 +281,11 @@ class RedisServer:
         if cleanup and self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def restart(self, *, hard: bool = False) -> None:
-        """Stop (SIGKILL when ``hard``) and start again on the same port and dir."""
+    def restart(self, *, hard: bool = False, between_fsyncs: bool = False) -> None:
+        """Stop (SIGKILL when ``hard``, see :meth:`kill` for ``between_fsyncs``) and
+        start again on the same port and dir."""
         if hard:
-            self.kill()
+            self.kill(between_fsyncs=between_fsyncs)
         self.stop(cleanup=False)
         self.start()
 
