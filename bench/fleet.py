@@ -1,5 +1,6 @@
 """Fleets (issue 23): what Redis does per published record while K idle workers
-long-poll one group. One private redis-server, a 1-shard stream; for each K:
+long-poll one group. One private redis-server, a stream of ``--shards`` shards (1 by
+default); for each K:
 
 - K threads each loop ``group_poll(..., max_records=1, wait=2.0, ack=<what it got>)``
   (``--mode poll``) or each their own
@@ -7,13 +8,13 @@ long-poll one group. One private redis-server, a 1-shard stream; for each K:
 - once every thread waits, ``--publishes`` records are published ``--gap-s`` apart:
   script calls (``FCALL``/``EVALSHA``, the publishes' own included), ``XREAD`` calls and
   commands per published record, from ``INFO commandstats``, and whether every record
-  was handed out;
+  was handed out (the records go to the shards in turn);
 - then ``--idle-s`` quiet seconds: script calls and commands per second, per poller;
   and the script calls per record beyond that idle rate (what the records cost, less
   the polls every waiter makes when its wait ends, which the publishing window holds too).
   Each thread has its own client (a worker process of its own).
 
-    python bench/fleet.py [--pollers 10,100,500] [--mode poll|sharded] [--publishes 20]
+    python bench/fleet.py [--pollers 10,100,500] [--mode poll|sharded] [--shards 1] [--publishes 20]
                           [--gap-s 0.25] [--idle-s 4] [--wait-s 2] [--out FILE]
 
 Prints one JSON document (and writes it to ``--out``).
@@ -54,12 +55,14 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, url: str, raw: Any,
-          stream: str, wait_s: float = 2.0) -> dict[str, Any]:
+          stream: str, wait_s: float = 2.0, shards: int = 1) -> dict[str, Any]:
+    if shards > 1 and mode == "poll":
+        raise ValueError("--mode poll long-polls shard 0 only: use --mode sharded with --shards above 1")
     client = felix_redis.connect(url)
-    client.stream_create(T, N, stream, shards=1)
+    client.stream_create(T, N, stream, shards=shards)
     client.group_create(T, N, stream, G)
     stop = threading.Event()
-    got: list[int] = []
+    got: list[tuple[int, int]] = []  # (shard, offset)
     lock = threading.Lock()
     waiting = threading.Semaphore(0)
 
@@ -73,7 +76,7 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
         while not stop.is_set():
             held = c.group_poll(T, N, stream, 0, G, max_records=1, wait=wait_s, ack=held)
             with lock:
-                got.extend(r.offset for r in held)
+                got.extend((0, r.offset) for r in held)
         if held:
             c.group_ack_many(T, N, stream, 0, G, held)
 
@@ -83,7 +86,7 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
         while not stop.is_set():
             for item in group.poll(1, wait=wait_s):
                 with lock:
-                    got.append(item.record.offset)
+                    got.append((item.shard, item.record.offset))
                 group.ack(item, wait=False)
         group.close()
 
@@ -97,7 +100,7 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
     before = counts(raw)
     started = time.monotonic()
     for i in range(publishes):
-        client.publish(T, N, stream, f"job-{i}")
+        client.publish(T, N, stream, f"job-{i}", shard=i % shards)
         time.sleep(gap_s)
     time.sleep(0.5)
     after = counts(raw)
@@ -116,6 +119,7 @@ def fleet(pollers: int, mode: str, publishes: int, gap_s: float, idle_s: float, 
     return {
         "pollers": pollers,
         "mode": mode,
+        "shards": shards,
         "wait_s": wait_s,
         "handed_out": len(set(got)),
         "published": publishes,
@@ -139,6 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pollers", default="10,100,500")
     parser.add_argument("--mode", choices=("poll", "sharded"), default="poll")
+    parser.add_argument("--shards", type=int, default=1, help="the stream's shards (above 1: --mode sharded)")
     parser.add_argument("--publishes", type=int, default=20)
     parser.add_argument("--gap-s", type=float, default=0.25)
     parser.add_argument("--idle-s", type=float, default=4.0)
@@ -154,7 +159,7 @@ def main() -> None:
         raw = redis.Redis(port=server.port)
         for i, k in enumerate(int(x) for x in args.pollers.split(",")):
             rows.append(fleet(k, args.mode, args.publishes, args.gap_s, args.idle_s, url, raw, f"s{i}",
-                              args.wait_s))
+                              args.wait_s, args.shards))
             print(rows[-1], file=sys.stderr)
         raw.close()
     emit({"bench": "fleet", "command": " ".join(sys.argv), "rows": rows}, args.out)

@@ -292,8 +292,10 @@ def test_fleet_figures_run_end_to_end() -> None:
         raw = redis.Redis.from_url(server.url)
         row = fleet.fleet(3, "poll", 3, 0.1, 1.0, server.url, raw, "f0")
         sharded = fleet.fleet(3, "sharded", 3, 0.1, 1.0, server.url, raw, "f1")
+        # records 0 of shards 0-2: told apart by their shards, not their offsets
+        shards = fleet.fleet(3, "sharded", 3, 0.1, 1.0, server.url, raw, "f2", shards=4)
         raw.close()
-    for r in (row, sharded):
+    for r in (row, sharded, shards):
         assert r["handed_out"] == r["published"] == 3
         assert r["script_calls_per_record"] >= 2  # the publish, and the poll that handed it out
         assert r["xread_per_record"] >= 1
