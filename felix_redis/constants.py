@@ -112,3 +112,6 @@ WATCH_MARGIN_MS = 1000
 #: client keeps (one per thread or task that long-polls a group).
 LOOK_REUSE_S = 0.05
 LOOKS_KEPT_MAX = 1024
+
+#: The longest SHARDS a sharded group's ring may carry (lua/group_poll.lua refuses more)
+MAX_RING_SHARDS = 16000

@@ -263,7 +263,9 @@ def waiter_name() -> str:
 
 class Ring(NamedTuple):
     """A ring popped from a group's bell, as lua/group_poll.lua writes it (member
-    ``ID NEXT WSEQ DUEIN``): it hands the popper the group's watch."""
+    ``ID NEXT WSEQ DUEIN``, or ``ID NEXT WSEQ DUEIN SHARDS`` from a sharded group's
+    watcher that took records: :func:`shards_points`): it hands the popper the group's
+    watch."""
 
     #: the ring's id, named in the popper's next poll (which takes the watch it handed over)
     id: str
@@ -272,6 +274,8 @@ class Ring(NamedTuple):
     wake_seq: int
     #: in how many ms the next owed record or lease is due (-1: none)
     due_in: int
+    #: a sharded group's ring: the watch's TTL and the other shards' points (else "")
+    shards: str = ""
 
     @property
     def claim(self) -> str:
@@ -292,10 +296,44 @@ def read_ring(popped: Any) -> Ring | None:
         return None
     member = popped[1].decode() if isinstance(popped[1], bytes) else str(popped[1])
     parts = member.split(" ")
-    if len(parts) != 4 or not all(p.lstrip("-").isdigit() for p in parts[1:]) \
+    if len(parts) not in (4, 5) or not all(p.lstrip("-").isdigit() for p in parts[1:4]) \
             or not parts[0].replace(".", "").isdigit() or len(parts[0]) > 40:
         return None
-    return Ring(parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
+    return Ring(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
+
+
+#: One shard's entry in a sharded group's ring: its points and due time (ms from the
+#: ring: -1 none), or None: unknown (the popper asks the shard).
+ShardPoints = tuple[int, int, int] | None
+
+
+def shards_points(ttl_ms: int, shards: list[ShardPoints]) -> str:
+    """What a sharded group's watcher that took records passes on in its ring
+    (lua/group_poll.lua, ``+SHARDS``): the watch's TTL (ms), then each other shard's
+    points and due time in ms (``NEXT.WSEQ.DUEIN``), or ``?`` for a shard it does not
+    know idle."""
+    items = ["?" if p is None else f"{p[0]}.{p[1]}.{p[2]}" for p in shards]
+    return f"{ttl_ms}:{','.join(items)}"
+
+
+def read_shards_points(text: str, count: int) -> tuple[int, list[ShardPoints]] | None:
+    """The TTL and the ``count`` shards' entries of :func:`shards_points`; None for
+    anything else (a ring of another form: nothing to take from it)."""
+    ttl, sep, rest = text.partition(":")
+    items = rest.split(",") if rest else []
+    if not sep or not ttl.isdigit() or len(items) != count:
+        return None
+    out: list[ShardPoints] = []
+    for item in items:
+        if item == "?":
+            out.append(None)
+            continue
+        fields = item.split(".")
+        if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit() \
+                or not fields[2].lstrip("-").isdigit():
+            return None
+        out.append((int(fields[0]), int(fields[1]), int(fields[2])))
+    return int(ttl), out
 
 
 def follow_bell(core: Any, bell: str, block_ms: int, context: str) -> Plan[tuple[Any, Ring | None]]:

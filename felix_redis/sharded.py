@@ -33,19 +33,25 @@ from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
 from felix_redis.checks import poll_ack_args
-from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, POLL_AGAIN_MAX, WATCH_MARGIN_MS
+from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, MAX_RING_SHARDS, POLL_AGAIN_MAX, WATCH_MARGIN_MS
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
 from felix_redis.plans import (
+    _LOG,
+    _WAKE,
     Batch,
     BlockAny,
     Cmd,
     Eval,
     Plan,
+    Ring,
+    ShardPoints,
     Sleep,
     follow_bell,
     moved_keys,
+    read_shards_points,
+    shards_points,
     waiter_name,
     wake_points,
 )
@@ -75,7 +81,8 @@ class PollState:
     the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "reclaimed", "ring", "runs", "urgent")
+    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "quiet", "reclaimed", "ring", "runs",
+                 "urgent", "watching")
 
     def __init__(self, streams: int) -> None:
         self.cursors = [-1] * streams
@@ -88,10 +95,16 @@ class PollState:
         self.reclaimed: list[set[int]] = [set() for _ in range(streams)]
         self.lead = -1
         self.left = 0
-        #: a one-shard group's long poll that another waiter watches for: it waits on the
-        #: group's bell (lua/group_poll.lua); the ring it popped, to name in its next poll
+        #: a long poll that another waiter watches for: it waits on the group's bell
+        #: (lua/group_poll.lua); the ring it popped, to name in its next poll
         self.follow = False
         self.ring = ""
+        #: this waiter holds the group's watch (shard 0's last reply said so, or it
+        #: popped a ring): over several shards, it gives the watch up when it takes records
+        self.watching = False
+        #: a follower's wait on the bell ended with no ring: its next call of the watch
+        #: goes without a look at the other shards (the watcher watches them)
+        self.quiet = False
 
     def forget(self) -> None:
         """After a failure (a lost connection, a failover, an error): nothing is known
@@ -102,6 +115,8 @@ class PollState:
             urgent.clear()
         self.runs = [0] * len(self.runs)
         self.follow = False
+        self.watching = False
+        self.quiet = False
 
 
 class Source:
@@ -122,11 +137,14 @@ class ShardedPoll:
     checked (:meth:`felix_redis.protocol.Core.sharded_poll`). ``weights``: None for
     strict order, else one positive weight per source. ``state``: the group's
     :class:`PollState`, updated. ``cluster``: keys of different shards may not share
-    a command (Redis Cluster). ``core``: whose ``bells`` says whether a long poll of a
-    one-shard stream takes part in its group's watch (as ``group_poll`` does: one
-    waiter watches the log, the others wait on the group's bell); None: it does not.
-    (Groups of several shards or streams do not: each idle consumer blocks on the
-    shards' wake points.)"""
+    a command (Redis Cluster). ``core``: whose ``bells`` says whether a long poll of
+    one stream takes part in its group's watch (as ``group_poll`` does: one waiter
+    watches, the others wait on the group's bell); None: it does not. Over several
+    shards the watch is held on shard 0 and its watcher blocks on every shard's wake
+    points; it gives the watch up when it takes records anywhere, ringing with its
+    points of the other shards (lua/group_poll.lua, ``SHARDS``). (Groups of several
+    streams, a consumer of some of the shards, and Redis Cluster do not: each idle
+    consumer blocks on its shards' wake points.)"""
 
     def __init__(
         self, cache: Caches, group: str, sources: list[Source], max_records: int, wait_ms: int,
@@ -140,10 +158,17 @@ class ShardedPoll:
         self.core = core
         self.bell: str | None = None
         self.waiter = ""
-        if core is not None and core.bells and wait_ms > 0 and len(sources) == 1 \
-                and sources[0].settings.shards == 1 and sources[0].chosen == [0]:
-            self.bell = f"{cache.group_shard_keys(sources[0].name, 0, group)[0][2]}:bell"
-            self.waiter = waiter_name()
+        #: the shards of the group's watch: 1, or all of the stream's (held on shard 0)
+        self.shards = 1
+        if core is not None and core.bells and wait_ms > 0 and len(sources) == 1:
+            shards, chosen = sources[0].settings.shards, sources[0].chosen
+            # a one-shard stream; or all shards of one (not on Cluster, where a block
+            # cannot span the shards' slots)
+            whole = chosen == [0] if shards == 1 else not cluster and sorted(chosen) == list(range(shards))
+            if whole:
+                self.bell = f"{cache.group_shard_keys(sources[0].name, 0, group)[0][2]}:bell"
+                self.waiter = waiter_name()
+                self.shards = shards
         self.deadline = 0.0
         # what the current round gathered: records per source (by index), how many
         self.out: list[list[Record]] = [[] for _ in sources]
@@ -156,6 +181,9 @@ class ShardedPoll:
         self.block_ms = -1
         #: a shard handed out less than asked while something there is due now
         self.due_now = False
+        #: this round asks shard 0 only for the group's watch, without a look at the
+        #: other shards (:meth:`candidates`)
+        self.learning = False
 
     @property
     def context(self) -> str:
@@ -179,6 +207,9 @@ class ShardedPoll:
             self.out, self.count = [[] for _ in self.sources], 0
             self.points, self.where, self.block_ms = {}, {}, -1
             self.check_epoch()
+            # (a lost connection in the round forgets the role: the watch is given up
+            # all the same when this consumer held it)
+            watched = self.state.watching
             now = time.monotonic()
             self.cands = [self.candidates(source, now) for source in self.sources]
             if self.wait_ms > 0 and not any(self.cands) and not any(source.acks for source in self.sources):
@@ -199,6 +230,8 @@ class ShardedPoll:
                 if ended:
                     break
             if self.count:
+                if self.shards > 1 and (self.state.watching or watched) and self.core.bells:
+                    yield from self.give_up_watch()
                 return self.out
             if due_now and again < POLL_AGAIN_MAX:
                 # a shard said something is due now (its scan stopped at its bound in a
@@ -230,6 +263,11 @@ class ShardedPoll:
         if not idle:
             return set(source.chosen)
         out, stale, since = set(), -1, now - KNOWN_IDLE_S
+        learn = self.shards > 1 and self.core.bells and not self.state.watching and not self.state.follow
+        # a follower of the group's watch over several shards asks no shard again for
+        # being known idle long: the watcher does (and is the one that blocks on them)
+        if self.shards > 1 and self.core.bells and (self.state.follow or self.state.quiet):
+            since = -float("inf")
         for shard in source.chosen:
             known = idle.get(shard)
             if known is None:
@@ -242,6 +280,17 @@ class ShardedPoll:
         if stale >= 0:
             del idle[stale]
             out.add(stale)
+        # the group's watch over several shards: shard 0 says who watches (this waiter,
+        # or another: then it waits on the bell) before it blocks, asked when no other
+        # shard may have work (else by :meth:`block`, if they had none). Then the
+        # watcher renewing its watch, or a follower after its wait on the bell, calls it
+        # without a look at the other shards: the watcher's block looks (a follower's
+        # old points would find them moved, and ask them for records the watcher took)
+        self.learning = self.shards > 1 and self.core.bells and out <= {0} \
+            and (self.state.watching or (learn and self.state.quiet))
+        self.state.quiet = False
+        if learn and not out:
+            out.add(0)
         return out
 
     def block(self, left_ms: int) -> Plan[None]:
@@ -249,6 +298,13 @@ class ShardedPoll:
         due time (or ``left_ms``); the shards whose points moved are no longer idle. Not
         when the client met a failure during the round (the next round asks again)."""
         if self.check_epoch():
+            return
+        if self.shards > 1 and self.core.bells and not self.state.watching and not self.state.follow \
+                and 0 in self.state.idle[0] and (0, 0) not in set(self.where.values()):
+            # the round asked other shards, which had nothing: shard 0 says who watches
+            # before this consumer blocks (the next round asks it). (Asked this round
+            # and still no role: it blocks on every shard, as outside the watch.)
+            self.state.idle[0].pop(0, None)
             return
         points, where, block_ms = dict(self.points), dict(self.where), self.block_ms
         asked = set(where.values())
@@ -273,17 +329,21 @@ class ShardedPoll:
             # came; else this poll may take over a watch that lapsed)
             self.state.follow = False
             _popped, rang = yield from follow_bell(self.core, self.bell, block_ms, self.context)
-            if rang is not None:
-                # the ring handed this consumer the watch: it names the ring when it polls
-                self.state.ring = rang.claim
-            if rang is None or rang.due_in == 0:
+            if rang is None:
+                self.state.idle[0].pop(0, None)  # the shard is asked again at once
+                self.state.quiet = self.shards > 1
+                return
+            # the ring handed this consumer the watch: it names the ring when it polls
+            self.state.ring = rang.claim
+            since = time.monotonic()
+            renew = self.take_ring(rang, since) if self.shards > 1 else float("inf")
+            if rang.due_in == 0:
                 self.state.idle[0].pop(0, None)  # the shard is asked again at once
                 return
             # ... and watches from the ring's points (the rest of a burst wakes it at once)
             keys = self.cache.group_shard_keys(self.sources[0].name, 0, self.group)[0]
-            since = time.monotonic()
-            self.state.idle[0][0] = (rang.points(keys), float("inf") if rang.due_in < 0 else since + rang.due_in / 1000,
-                                     since)
+            due = float("inf") if rang.due_in < 0 else since + rang.due_in / 1000
+            self.state.idle[0][0] = (rang.points(keys), min(due, renew), since)
             return
         if not points:
             yield Sleep(block_ms / 1000)  # nothing to watch (no shard answered yet): look again after
@@ -295,6 +355,28 @@ class ShardedPoll:
         for key in moved_keys(reply):
             if (at := where.get(key)) is not None:
                 self.state.idle[at[0]].pop(at[1], None)
+
+    def take_ring(self, rang: Ring, since: float) -> float:
+        """A ring popped in the group's watch over several shards: this consumer is the
+        watcher now, and watches the other shards from the ring's points (those the
+        ringer knew idle; the others are asked at once), or from its own where the ring
+        has none (a ring of another form). Returns when it asks shard 0 again, naming
+        the ring (the watch is then its own), half a margin before the ring's lapses."""
+        self.state.watching = True
+        told = read_shards_points(rang.shards, self.shards - 1)
+        if told is None:
+            return since + WATCH_MARGIN_MS / 2000
+        ttl_ms, shards = told
+        source, idle = self.sources[0], self.state.idle[0]
+        for shard, entry in enumerate(shards, start=1):
+            if entry is None:
+                idle.pop(shard, None)
+                continue
+            keys = self.cache.group_shard_keys(source.name, shard, self.group)[0]
+            next_offset, wake_seq, due_in = entry
+            due = float("inf") if due_in < 0 else since + due_in / 1000
+            idle[shard] = (wake_points(keys, [0, 0, next_offset, wake_seq]), due, since)
+        return since + max(0, ttl_ms - WATCH_MARGIN_MS / 2) / 1000
 
     def take_from(self, source: Source, turn: int, last: bool) -> Plan[bool]:
         """What is still wanted, from ``source`` (the ``turn``-th of the round): its
@@ -332,6 +414,8 @@ class ShardedPoll:
         ends with those)."""
         cands, index = self.cands[source.index], source.index
         lead, looked = self.pick_lead(source, cands)
+        look = looked and not self.learning
+        looked = looked or self.learning
         # shards a look found moved, or whose due time came, are asked beside the lead
         # (a quota each), so that what woke on a quiet shard does not wait for its turn
         # to lead while busy shards take theirs
@@ -346,7 +430,7 @@ class ShardedPoll:
                 asks.insert(0, (lead, want - quota * len(beside)))
         else:
             asks = [] if lead is None else [(lead, want)]
-        more = yield from self.trip(source, asks, carry_all, looked)
+        more = yield from self.trip(source, asks, carry_all, look)
         if more is None:
             return True
         tried = [shard for shard, _ in asks]
@@ -535,25 +619,71 @@ class ShardedPoll:
                     return
                 raise
 
-    def poll_call(self, source: Source, shard: int, want: int) -> Eval:
+    def poll_call(self, source: Source, shard: int, want: int, busy: bool = False) -> Eval:
         """A group_poll of ``want`` records on ``shard``, with its acks, reclaiming the
-        consumer's own records on its first poll of the shard."""
+        consumer's own records on its first poll of the shard. ``busy``: the call of
+        the group's watch (shard 0, no records, no acks) by which a watcher that took
+        records on other shards gives the watch up."""
         reclaimed = self.state.reclaimed[source.index]
-        first = self.reclaim and self.consumer is not None and shard not in reclaimed
+        first = self.reclaim and self.consumer is not None and shard not in reclaimed and not busy
         if first:
             reclaimed.add(shard)
         keys, context = self.cache.group_shard_keys(source.name, shard, self.group)
         args: list[Any] = [want, self.consumer or "", 1 if first else 0]
-        if self.bell is not None and self.core.bells:
+        if self.bell is not None and self.core.bells and shard == 0:
             # a call of the group's watch (lua/group_poll.lua), for the wait left, naming
-            # a ring this consumer popped
+            # a ring this consumer popped; over several shards, with what a ring it rings
+            # tells of the others
             ttl = max(1, int((self.deadline - time.monotonic()) * 1000)) + WATCH_MARGIN_MS
             args[2] = f"{args[2]} {self.waiter} {ttl}{self.state.ring}"
+            if self.shards > 1:
+                args[2] += f" {'!' if busy else '+'}{self.other_shards(source, ttl)}"
             self.state.ring = ""
             keys = [*keys, self.bell]
-        if shard in source.acks:
+        if shard in source.acks and not busy:
             args += poll_ack_args(source.acks.pop(shard))
         return Eval("group_poll", keys, args, context, source.settings.replicas)
+
+    def other_shards(self, source: Source, ttl: int) -> str:
+        """What a ring of this consumer's tells its popper of the shards but 0
+        (:func:`shards_points`): where it knows each idle (its points, its due time),
+        or that it does not (the popper asks that shard at once)."""
+        idle, now = self.state.idle[source.index], time.monotonic()
+        keys = [self.cache.group_shard_keys(source.name, shard, self.group)[0] for shard in range(1, self.shards)]
+        out: list[ShardPoints] = []
+        for shard, shard_keys in zip(range(1, self.shards), keys, strict=True):
+            known = idle.get(shard)
+            if known is None:
+                out.append(None)
+                continue
+            at = dict(known[0])
+            log_id, wake_id = at.get(shard_keys[_LOG]), at.get(shard_keys[_WAKE])
+            if log_id is None or wake_id is None:
+                out.append(None)
+                continue
+            due_in = -1 if known[1] == float("inf") else max(0, int((known[1] - now) * 1000))
+            out.append((int(log_id.split("-")[0]), int(wake_id.split("-")[0]), due_in))
+        text = shards_points(ttl, out)
+        # (too long for the script, with hundreds of shards: a ring without them, whose
+        # popper watches from its own points)
+        return text if len(text) <= MAX_RING_SHARDS else ""
+
+    def give_up_watch(self) -> Plan[None]:
+        """The watcher of the group's watch over several shards took records: it gives
+        the watch up (shard 0 rings the bell when nobody watches, and the ring tells its
+        popper what this consumer knows of the other shards), so that a record on any
+        shard wakes an idle waiter while this one is busy. A failure is logged: the
+        records are leased and go to the caller; the watch then lapses."""
+        self.state.watching = False
+        source = self.sources[0]
+        try:
+            reply = yield self.poll_call(source, 0, 0, busy=True)
+        except FelixError as exc:
+            log.info("%s: giving up the group's watch failed (it lapses): %s", self.context, exc)
+            return
+        if len(reply) > 5 and type(reply[-1]) is int:
+            self.state.follow = int(reply[-2]) == 2
+            self.state.watching = int(reply[-2]) == 1
 
     def ack_call(self, source: Source, shard: int, offsets: list[int]) -> Eval:
         keys, context = self.cache.group_shard_keys(source.name, shard, self.group)
@@ -564,6 +694,14 @@ class ShardedPoll:
         True when it may have more (it filled the ask, or something there is due now),
         else the shard is idle until its points move or its next due time."""
         count = int(reply[4])
+        # (a reply ends with the waiter's role and watch expiry, integers, when it has
+        # them; else with a payload, or with the count when nothing was handed out)
+        role = -1
+        if self.bell is not None and shard == 0 and len(reply) > 5 and type(reply[-1]) is int:
+            # the group's watch: a follower waits on the bell (below)
+            role = int(reply[-2])
+            self.state.follow = role == 2
+            self.state.watching = role == 1
         self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))
         self.count += count
@@ -588,15 +726,10 @@ class ShardedPoll:
                 return True
         at = time.monotonic()
         due_at = float("inf") if due < 0 else at + (due - now) / 1000
-        # (a reply ends with the waiter's role and watch expiry, integers, when it has
-        # them; else with a payload, or with the count when nothing was handed out)
-        if self.bell is not None and len(reply) > 5 and type(reply[-1]) is int:
-            # the group's watch: a follower waits on the bell; the watcher asks the shard
-            # again (keeping the watch) half a margin before the watch would lapse
-            role = int(reply[-2])
-            self.state.follow = role == 2
-            if role == 1:
-                due_at = min(due_at, at + (int(reply[-1]) - now) / 1000 - WATCH_MARGIN_MS / 2000)
+        if role == 1:
+            # the watcher asks the shard again (keeping the watch) half a margin before
+            # the watch would lapse
+            due_at = min(due_at, at + (int(reply[-1]) - now) / 1000 - WATCH_MARGIN_MS / 2000)
         self.state.idle[source.index][shard] = (points, due_at, at)
         self.cands[source.index].discard(shard)
         return False

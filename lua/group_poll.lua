@@ -13,14 +13,21 @@
 --                      WAITER): at most one member, score 0, a ring: 'ID NEXT WSEQ DUEIN'
 --                      (the ring id, the log and wake points to watch from, and in how
 --                      many ms the next owed record or lease is due, -1: none)
--- ARGV[1] max_records  integer 1..10000
+-- ARGV[1] max_records  integer 1..10000 (0..10000 with !SHARDS below)
 -- ARGV[2] consumer     consumer name holding the leases, '' for anonymous
 -- ARGV[3] reclaim      '1': first make this consumer's in-flight records owed at once;
---                      'RECLAIM WAITER TTL_MS[ RING]' (RECLAIM '0' or '1'): a long poll's
---                      call, by waiter WAITER (1..64 of [A-Za-z0-9_.-], one per polling
---                      thread or task), that takes part in the group's watch (below) for
+--                      'RECLAIM WAITER TTL_MS[ RING][ +SHARDS|!SHARDS]' (RECLAIM '0' or
+--                      '1'): a long poll's call, by waiter WAITER (1..64 of
+--                      [A-Za-z0-9_.-], one per polling thread or task), that takes part
+--                      in the group's watch (below) for
 --                      TTL_MS (1..999999999 ms); RING: the ring id ('@' and 1..40 of
---                      [0-9.]) of a ring this waiter popped; it needs KEYS[15]
+--                      [0-9.]) of a ring this waiter popped; it needs KEYS[15]. Ending
+--                      in ' +SHARDS' or ' !SHARDS' (SHARDS 0..16000 of [0-9.,:?-]): a
+--                      call of a group's watch over all its shards (held on shard 0), a
+--                      ring it rings carries SHARDS (the client's points of the other
+--                      shards, opaque here); '!': by a waiter that took records on
+--                      another shard: it gives the watch up as a call that hands out
+--                      records does
 -- ARGV[4..] ack        0..10000 offsets (integers) of delivered records to ack before
 --                      polling, as group_ack does (one round trip for both), except
 --                      that they go all together: one never delivered fails the poll
@@ -47,7 +54,8 @@
 -- alone, or every other waiter busy) takes the watch itself and clears the bell, so a
 -- lone poller's next empty poll watches at once instead of popping its own ring. A
 -- watcher that dies (or a ring nobody pops) is replaced by the first call after its
--- TTL_MS lapse.
+-- TTL_MS lapse. (A ring is 'ID NEXT WSEQ DUEIN', or 'ID NEXT WSEQ DUEIN SHARDS' from a
+-- call with SHARDS.)
 -- Returns: {now ms, next due ms (-1: none; at most now: poll again at once, as after a
 -- poll that handed out max_records while delayed records wait in the index), tail, wake
 -- sequence, n, then n times: entry ID 'OFFSET-PUBLISHMS', attempts (integer), key (nil
@@ -65,13 +73,25 @@
 --- @include "records"
 --- @include "due"
 require_group_role('group.consume')
-local max_records = int_arg(ARGV[1], 'max_records', 1, 10000)
 local consumer, reclaim = ARGV[2], s_sub(ARGV[3], 1, 1) == '1'
 local waiter, watch_ttl, ring, bell, rung = false, 0, false, false, false
-if #ARGV[3] > 1 then
-  local r, w, t, g = s_match(ARGV[3], '^([01]) ([%w_.%-]+) (%d+) ?(@?[%d.]*)$')
+-- shards: what a ring carries of the other shards ('' none); busy: a call by a waiter
+-- that took records on another shard ('!')
+local shards, busy, call = '', false, ARGV[3]
+do
+  local head, mark, points = s_match(call, '^(.-) ([+!])([%d.,:?%-]*)$')
+  if head then
+    if #points > 16000 then fail('INVALID', 'ARGV[3]: SHARDS is longer than 16000') end
+    shards, busy, call = points, mark == '!', head
+    if #call < 2 then fail('INVALID', 'ARGV[3]: SHARDS go with a WAITER') end
+  end
+end
+local max_records = int_arg(ARGV[1], 'max_records', busy and 0 or 1, 10000)
+if #call > 1 then
+  local r, w, t, g = s_match(call, '^([01]) ([%w_.%-]+) (%d+) ?(@?[%d.]*)$')
   if not r or #w > 64 or #t > 9 or tonumber(t) < 1 or #g > 41 or g == '@' or (g ~= '' and s_byte(g, 1) ~= 64) then
-    fail('INVALID', "ARGV[3] must be '0', '1' or 'RECLAIM WAITER TTL_MS[ @RING]', got " .. s_sub(ARGV[3], 1, 80))
+    fail('INVALID', "ARGV[3] must be '0', '1' or 'RECLAIM WAITER TTL_MS[ @RING][ +SHARDS|!SHARDS]', got "
+      .. s_sub(ARGV[3], 1, 80))
   end
   waiter, watch_ttl = w, tonumber(t)
   if g ~= '' then ring = g end
@@ -412,6 +432,13 @@ if K.due and want > 0 and (S.dmax > S.dcur or S.doff) then
       local t, a, z = rd[i], ra[i], rz[i]
       if t > dnow then break end
       if t > cur or (t == cur and doff and z > doff) then
+        if room == 0 then
+          -- the entries before filled the poll: the cursor stays after the last of them
+          -- (not inside this one's due time, where nothing below its first offset is:
+          -- a cursor below offset 0 would not read back)
+          full = true
+          break
+        end
         if t == cur and doff and a <= doff then a = doff + 1 end
         -- a .. z: those in [base, next) are handed out while room lasts
         if a < S.base then a = S.base end
@@ -587,7 +614,7 @@ end
 if K.due and S.doff then
   -- the rest of a split due time is due now
   out[2] = now
-elseif K.due and S.dmax > S.dcur and n >= max_records then
+elseif K.due and S.dmax > S.dcur and max_records > 0 and n >= max_records then
   -- a full poll: its caller polls again at once (a full batch may have more; a ring says
   -- so to its follower), so the index is not searched for the next due time
   out[2] = now
@@ -620,7 +647,7 @@ if waiter then
   local live = holder and lexp > now
   local mine = holder and (holder == waiter or holder == ring)
   local role = 0
-  if n == 0 then
+  if n == 0 and not busy then
     role = 2
     -- a ring still on the bell is one no follower waited for (a blocked BZPOPMIN pops
     -- it as soon as it is rung): nothing was handed out, so this caller watches itself
@@ -639,7 +666,9 @@ if waiter then
       -- the ring: the watch, for whoever pops it, from the first record not handed out
       local id = fmt(now) .. '.' .. fmt(S.next)
       local din = out[2] < 0 and -1 or math.max(0, out[2] - now)
-      redis.call('ZADD', bell, 0, id .. ' ' .. fmt(S.next) .. ' ' .. fmt(out[4]) .. ' ' .. fmt(din))
+      local member = id .. ' ' .. fmt(S.next) .. ' ' .. fmt(out[4]) .. ' ' .. fmt(din)
+      if shards ~= '' then member = member .. ' ' .. shards end
+      redis.call('ZADD', bell, 0, member)
       lexp = now + watch_ttl
       redis.call('HSET', K.group, 'lead', '@' .. id .. ' ' .. fmt(lexp))
     elseif mine then

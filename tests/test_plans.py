@@ -28,7 +28,7 @@ from felix_redis.errors import (
 )
 from felix_redis.keys import GROUP_ROLES, SHARD_ROLES
 from felix_redis.models import Published, Record
-from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Sleep
+from felix_redis.plans import Batch, BlockAny, Cmd, Eval, Sleep, wake_points
 from felix_redis.producers import ProducerState
 from felix_redis.protocol import Core
 from felix_redis.sharded import PollState
@@ -493,6 +493,7 @@ def test_a_shard_known_idle_too_long_is_asked_again_one_per_round(monkeypatch: p
 
 def test_an_idle_long_poll_blocks_at_once_and_a_failed_block_forgets() -> None:
     core = core_with(2)
+    core.bells = False  # outside the group's watch (in it, shard 0 is asked first for the role)
     state = PollState(1)
     drive(core.sharded_poll(T, N, [S], G, 4, None, None, state), answering(group_poll=lambda op: polled([])))
     blocks = []
@@ -815,3 +816,39 @@ def test_a_publish_past_the_slack_trims_its_shard() -> None:
     group_keys = name.group_key_list(0, "workers")
     assert trim.keys[-3:] == [group_keys[GROUP_ROLES.index("group")], group_keys[GROUP_ROLES.index("redo")],
                               name.due_key(0)]
+
+
+def test_a_sharded_rings_shards_read_back_and_forms_it_does_not_take() -> None:
+    """What a sharded group's watcher passes on in its ring (plans.shards_points) reads
+    back as written; any other form reads as nothing to take (the popper then watches
+    from its own points)."""
+    from felix_redis.plans import read_ring, read_shards_points, shards_points
+
+    text = shards_points(1500, [(7, 1_796_610_000_123, -1), None, (0, 5, 250)])
+    assert text == "1500:7.1796610000123.-1,?,0.5.250"
+    assert read_shards_points(text, 3) == (1500, [(7, 1_796_610_000_123, -1), None, (0, 5, 250)])
+    for bad in ["", "1500", "1500:7.1.-1,?", "x:?,?,?", "1500:7.1,?,?", "1500:7.1.a,?,?", "1500:?,?,?,?"]:
+        assert read_shards_points(bad, 3) is None, bad
+    ring = read_ring([b"bell", b"12.3 4 5 -1 " + text.encode(), 0])
+    assert ring is not None and ring.shards == text and ring.next_offset == 4
+    assert read_ring([b"bell", b"12.3 4 5 -1", 0]).shards == ""  # type: ignore[union-attr]
+    assert read_ring([b"bell", b"12.3 4 5 -1 a b", 0]) is None
+
+
+def test_a_ring_too_long_for_the_script_goes_without_the_shards() -> None:
+    """With hundreds of shards the ring's SHARDS would pass what lua/group_poll.lua takes
+    (MAX_RING_SHARDS): the watcher's call of the watch carries none (its ring's popper
+    watches from its own points) rather than fail."""
+    core = Core()
+    state = PollState(1)
+    name = core.name(T, N, S)
+    poll = sharded_module.ShardedPoll.__new__(sharded_module.ShardedPoll)
+    poll.cache, poll.group, poll.state, poll.shards = core.cache, G, state, 1024
+    source = sharded_module.Source(0, name, None, list(range(1024)), {})  # type: ignore[arg-type]
+    keys = [core.cache.group_shard_keys(name, shard, G)[0] for shard in range(1024)]
+    now = time.monotonic()
+    for shard in range(1, 1024):
+        state.idle[0][shard] = (wake_points(keys[shard], [0, 0, 123456789, 1796610000123]), now + 5, now)
+    assert poll.other_shards(source, 1500) == ""
+    poll.shards = 4
+    assert poll.other_shards(source, 1500).startswith("1500:123456789.")

@@ -308,6 +308,28 @@ def _plain_behind_delayed(client: felix_redis.Client) -> None:
     assert client.publish(T, N, S, b"plain").offset == 10_000
 
 
+def test_a_poll_filled_by_one_due_time_leaves_the_next_one_whole(client: felix_redis.Client) -> None:
+    """Two delayed records, the later offset due first, both passed over; once both are
+    due, polls of one record hand out each exactly once, in due order. (A poll filled
+    exactly by the first due time used to leave the cursor inside the second one's below
+    its first offset, at -1 for offset 0, which did not read back: the group forgot its
+    cursor and handed the first-due record out again and again, the other never.)"""
+    client.stream_create(T, N, S)
+    client.group_create(T, N, S, G)
+    client.publish(T, N, S, b"later", delay=0.6)  # offset 0
+    client.publish(T, N, S, b"sooner", delay=0.3)  # offset 1
+    assert client.group_poll(T, N, S, 0, G, max_records=1) == []  # passes over both
+    time.sleep(0.8)
+    got = []
+    for _ in range(4):
+        for r in client.group_poll(T, N, S, 0, G, max_records=1):
+            got.append((r.offset, r.attempts))
+            client.group_ack(T, N, S, 0, G, r)
+    assert got == [(1, 1), (0, 1)]
+    state = client.group_describe(T, N, S, G).shards[0]
+    assert state.position == state.tail == 2
+
+
 def test_a_poll_hands_out_a_due_record_behind_a_long_run_of_delayed_ones(redis_client: felix_redis.Client) -> None:
     """Order of hand-out: the due record is the next one the group can hand out, so a
     poll (without wait) hands it out, however many not-yet-due records are before it."""
