@@ -312,6 +312,19 @@ def test_a_watcher_that_stops_polling_is_replaced(
     redis_client.group_create(T, N, S, G)
     quitter = felix_redis.connect(redis_url)
     assert quitter.group_poll(T, N, S, 0, G, wait=0.3) == []
+
+    def poll() -> list[felix_redis.Record]:
+        return redis_client.group_poll(T, N, S, 0, G, wait=1.5)
+
+    _replaced_after_the_lapse(redis_client, raw, poll, {})
+    quitter.close()
+
+
+def _replaced_after_the_lapse(client: felix_redis.Client, raw: redis.Redis, poll: Callable[[], list[Any]],
+                              shards: dict[str, int]) -> None:
+    """After a watcher took the watch with wait=0.3 and quit: a worker looping ``poll``
+    (wait=1.5) gets a first record at the end of its wait at the latest, holds the watch
+    after the lapse, and gets a second record at once (``shards``: where each goes)."""
     lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
     quitters = raw.hget(lead, "lead").split()[0]
     got: list[tuple[float, bytes]] = []
@@ -319,28 +332,27 @@ def test_a_watcher_that_stops_polling_is_replaced(
 
     def worker() -> None:
         while not stop.is_set():
-            for r in redis_client.group_poll(T, N, S, 0, G, wait=1.5):
+            for r in poll():
                 got.append((time.monotonic(), r.payload))
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
     time.sleep(0.4)
     first = time.monotonic()
-    redis_client.publish(T, N, S, b"first")
+    client.publish(T, N, S, b"first", shard=shards.get("first"))
     while len(got) < 1 and time.monotonic() < first + 5:
         time.sleep(0.01)
     assert [p for _, p in got] == [b"first"] and got[0][0] - first < 1.5 + 0.5
     time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 1.5)  # the lapse, and one more wait at most
     assert raw.hget(lead, "lead").split()[0] != quitters  # the worker watches now
     second = time.monotonic()
-    redis_client.publish(T, N, S, b"second")
+    client.publish(T, N, S, b"second", shard=shards.get("second"))
     while len(got) < 2 and time.monotonic() < second + 5:
         time.sleep(0.01)
     stop.set()
+    thread.join(5)
     assert [p for _, p in got] == [b"first", b"second"]
     assert got[1][0] - second < 0.3, got[1][0] - second
-    thread.join(5)
-    quitter.close()
 
 
 def test_a_follower_still_wakes_for_a_nack_due_soon(redis_client: felix_redis.Client, redis_url: str) -> None:
@@ -555,35 +567,8 @@ def test_a_sharded_watcher_that_stops_polling_is_replaced(
     redis_client.group_create(T, N, S, G)
     quitter = felix_redis.connect(redis_url)
     assert quitter.group_sharded(T, N, S, G).poll(1, wait=0.3) == []
-    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
-    quitters = raw.hget(lead, "lead").split()[0]
-    got: list[tuple[float, bytes]] = []
-    stop = threading.Event()
-
-    def worker() -> None:
-        group = redis_client.group_sharded(T, N, S, G)
-        while not stop.is_set():
-            for r in group.poll(1, wait=1.5):
-                got.append((time.monotonic(), r.payload))
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    time.sleep(0.4)
-    first = time.monotonic()
-    redis_client.publish(T, N, S, b"first", shard=3)
-    while len(got) < 1 and time.monotonic() < first + 5:
-        time.sleep(0.01)
-    assert [p for _, p in got] == [b"first"] and got[0][0] - first < 1.5 + 0.5
-    time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 1.5)  # the lapse, and one more wait at most
-    assert raw.hget(lead, "lead").split()[0] != quitters  # the worker watches now
-    second = time.monotonic()
-    redis_client.publish(T, N, S, b"second", shard=2)
-    while len(got) < 2 and time.monotonic() < second + 5:
-        time.sleep(0.01)
-    stop.set()
-    assert [p for _, p in got] == [b"first", b"second"]
-    assert got[1][0] - second < 0.3, got[1][0] - second
-    thread.join(5)
+    group = redis_client.group_sharded(T, N, S, G)
+    _replaced_after_the_lapse(redis_client, raw, lambda: group.poll(1, wait=1.5), {"first": 3, "second": 2})
     quitter.close()
 
 
