@@ -246,6 +246,16 @@ def wake_points(keys: list[str], reply: list[Any]) -> list[tuple[str, str]]:
     return [(keys[_LOG], f"{int(reply[2])}-0"), (keys[_WAKE], f"{int(reply[3])}-1")]
 
 
+def read_wake_points(keys: list[str], points: list[tuple[str, str]]) -> tuple[int, int] | None:
+    """The log offset and wake sequence :func:`wake_points` made ``points`` of (``keys``:
+    the same shard's); None when they hold no points of those keys."""
+    at = dict(points)
+    log_id, wake_id = at.get(keys[_LOG]), at.get(keys[_WAKE])
+    if log_id is None or wake_id is None:
+        return None
+    return int(log_id.split("-")[0]), int(wake_id.split("-")[0])
+
+
 #: This process' part of a long-poller's name in a group's watch (lua/group_poll.lua).
 _WAITER_TOKEN = f"{random.getrandbits(40):010x}"
 

@@ -38,8 +38,6 @@ from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
 from felix_redis.plans import (
-    _LOG,
-    _WAKE,
     Batch,
     BlockAny,
     Cmd,
@@ -51,6 +49,7 @@ from felix_redis.plans import (
     follow_bell,
     moved_keys,
     read_shards_points,
+    read_wake_points,
     shards_points,
     waiter_name,
     wake_points,
@@ -656,13 +655,12 @@ class ShardedPoll:
             if known is None:
                 out.append(None)
                 continue
-            at = dict(known[0])
-            log_id, wake_id = at.get(shard_keys[_LOG]), at.get(shard_keys[_WAKE])
-            if log_id is None or wake_id is None:
+            ids = read_wake_points(shard_keys, known[0])
+            if ids is None:
                 out.append(None)
                 continue
             due_in = -1 if known[1] == float("inf") else max(0, int((known[1] - now) * 1000))
-            out.append((int(log_id.split("-")[0]), int(wake_id.split("-")[0]), due_in))
+            out.append((*ids, due_in))
         text = shards_points(ttl, out)
         # (too long for the script, with hundreds of shards: a ring without them, whose
         # popper watches from its own points)
