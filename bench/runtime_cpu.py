@@ -6,8 +6,9 @@ stream (``--shards`` to change it) and drains them with, in turn:
 
 - ``poll-ack``: ``client.group_poll(..., max_records=16, ack=<previous batch>)`` (on a
   1-shard stream only);
-- ``readme``: the README's loop, ``group_sharded(...).poll(16, wait=...)`` then
-  ``group.ack(item, wait=False)`` per item;
+- ``readme``: the README's loop, ``group_sharded(..., prefetch=64).poll(16, wait=...)``
+  then ``group.ack(item, wait=False)`` per item; ``readme-plain`` the same without
+  prefetch;
 - ``worker``: ``felix_redis.Worker`` with ``--concurrency`` handler threads, no-op handler;
 - ``async-worker``: ``felix_redis.aioworker.AsyncWorker``, the same.
 
@@ -44,7 +45,7 @@ from felix_redis.testing.server import RedisServer
 
 T, N, G = "bench", "runtime", "workers"
 PAYLOAD = b"x" * 64
-WAYS = ("poll-ack", "readme", "worker", "async-worker")
+WAYS = ("poll-ack", "readme", "readme-plain", "worker", "async-worker")
 
 
 def fill(client: felix_redis.Client, stream: str, records: int, shards: int) -> None:
@@ -74,8 +75,8 @@ def poll_ack(client: felix_redis.Client, stream: str, records: int, concurrency:
     mark_end()
 
 
-def readme(client: felix_redis.Client, stream: str, records: int, concurrency: int) -> None:
-    group = client.group_sharded(T, N, stream, G)
+def readme(client: felix_redis.Client, stream: str, records: int, concurrency: int, prefetch: int = 64) -> None:
+    group = client.group_sharded(T, N, stream, G, prefetch=prefetch)
     done = 0
     while done < records:
         for item in group.poll(16, wait=1.0):
@@ -84,6 +85,10 @@ def readme(client: felix_redis.Client, stream: str, records: int, concurrency: i
     group.flush()
     mark_end()
     group.close()
+
+
+def readme_plain(client: felix_redis.Client, stream: str, records: int, concurrency: int) -> None:
+    readme(client, stream, records, concurrency, prefetch=0)
 
 
 def worker(client: felix_redis.Client, stream: str, records: int, concurrency: int) -> None:
@@ -136,7 +141,7 @@ def measure(way: str, url: str, stream: str, records: int, concurrency: int, sha
         def run() -> None:
             async_worker(url, stream, records, concurrency)
     else:
-        fn = {"poll-ack": poll_ack, "readme": readme, "worker": worker}[way]
+        fn = {"poll-ack": poll_ack, "readme": readme, "readme-plain": readme_plain, "worker": worker}[way]
 
         def run() -> None:
             fn(client, stream, records, concurrency)

@@ -27,9 +27,9 @@ from redis.exceptions import (
 )
 
 from felix_redis import scripts
-from felix_redis.checks import check_streams
+from felix_redis.checks import check_int, check_streams, seconds_to_ms
 from felix_redis.connection import NotTlsError, SentinelsFailed
-from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE, MAX_BATCH
+from felix_redis.constants import ENV_PASSWORD, ENV_URL_FILE, MAX_BATCH, MAX_DELAY_MS, MAX_RECORDS_PER_POLL
 from felix_redis.errors import (
     ConnectionFailed,
     FelixError,
@@ -386,13 +386,20 @@ Ref = Item | Record | str
 class ShardedGroupBase:
     """What the sync and asyncio sharded groups share: where they poll, routing.
     ``stream``: one stream's name, or a list of them in priority order (``weights``:
-    None for strict order, else one weight per stream)."""
+    None for strict order, else one weight per stream). ``prefetch``: 0, or how many
+    records a poll fetches in one round trip when the group holds none fetched ahead;
+    ``poll(n)`` hands them out ``n`` at a time (docs/concepts.md, "Prefetch")."""
 
     def __init__(
         self, core: Core, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
-        weights: Sequence[int] | None = None,
+        weights: Sequence[int] | None = None, prefetch: int = 0,
     ) -> None:
+        #: records a poll fetches at once (0: what it was asked for); the records beyond
+        #: what it was asked for wait, leased, in ``_buffer`` for the next polls
+        self.prefetch = 0 if prefetch == 0 and type(prefetch) is int else check_int(
+            prefetch, "prefetch", 1, MAX_RECORDS_PER_POLL)
+        self._buffer: list[Item] = []
         self._core = core
         self.streams, self.weights = check_streams(stream, weights)
         self.shards = None if shards is None else list(shards)
@@ -418,15 +425,56 @@ class ShardedGroupBase:
         """Queues an ack of ``item`` (checked now: a bad reference raises here, and
         nothing is queued); True when the queue was empty (the caller starts its
         linger)."""
-        if type(item) is not Item or item.stream not in self._index:
-            self._stream_of(item)  # anything but an Item of this group's: checked now
-            _shard(item)
+        self._check_ref(item)
         with self._queue_lock:
             self._queued.append(item)
             if len(self._queued) == 1:
                 self._queued_at = time.monotonic()
                 return True
             return False
+
+    def _check_poll(self, max_records: int, wait: float | None) -> None:
+        """A poll's arguments, checked before it hands out records fetched ahead (the
+        plan checks them again when it runs)."""
+        check_int(max_records, "max_records", 1, MAX_RECORDS_PER_POLL)
+        if wait is not None:
+            seconds_to_ms(wait, "wait", 0, MAX_DELAY_MS)
+
+    def _fetched(self, items: list[Item], max_records: int) -> list[Item]:
+        """The first ``max_records`` of what a prefetching poll fetched; the rest wait in
+        the buffer (leased to this consumer) for the next polls."""
+        if len(items) > max_records:
+            self._buffer = items[max_records:]
+            return items[:max_records]
+        return items
+
+    def _take_buffer(self) -> list[Item]:
+        """Empties the buffer (at close: its records are released)."""
+        held, self._buffer = self._buffer, []
+        return held
+
+    def _not_released(self, item: Item, exc: FelixError) -> None:
+        log.warning("record %s fetched ahead by group %s not released (due again after its lease): %s",
+                    item.record.claim, self.group, exc)
+
+    @property
+    def fetched_ahead(self) -> int:
+        """Records a prefetching group fetched and has not handed out yet (leased to it)."""
+        return len(self._buffer)
+
+    def _check_ref(self, item: Ref) -> None:
+        if type(item) is not Item or item.stream not in self._index:
+            self._stream_of(item)  # anything but an Item of this group's: checked now
+            _shard(item)
+
+    def _from_buffer(self, max_records: int, ack: Iterable[Ref] | None) -> tuple[list[Item], list[Ref]]:
+        """Up to ``max_records`` records fetched ahead, and the poll's ``ack`` (checked
+        first: a bad one raises with nothing taken), to queue."""
+        refs = [] if ack is None else check_list(ack, "ack")
+        for ref in refs:
+            self._check_ref(ref)
+        taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
+        return taken, refs
 
     def _take_queued(self) -> list[Ref]:
         with self._queue_lock:

@@ -170,6 +170,12 @@ class AsyncClient(_AwaitsToItself):
         for group in [g for g in self._ack_all if g._queued]:
             await group._flush_in_background(again=False)
 
+    async def _release_fetched(self) -> None:
+        """At close: the records the groups fetched ahead and did not hand out are
+        released (nacked)."""
+        for group in [g for g in self._ack_all if g._buffer]:
+            await group._release_buffer()
+
     # -- driver
 
     async def _drive(self, plan: Plan[T]) -> T:
@@ -470,6 +476,7 @@ class AsyncClient(_AwaitsToItself):
             raise translate(exc, op, self.url) from None
 
     async def close(self) -> None:
+        await self._release_fetched()
         await self._flush_acks()
         if self._watch is not None:
             await self._watch.close()
@@ -702,8 +709,10 @@ class AsyncClient(_AwaitsToItself):
     def group_sharded(
         self, tenant: str, namespace: str, stream: str | Sequence[str], group: str, consumer: str | None = None,
         reclaim: bool = True, shards: Iterable[int] | None = None, weights: Sequence[int] | None = None,
+        prefetch: int = 0,
     ) -> AsyncShardedGroup:
-        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
+        return AsyncShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights,
+                                 prefetch)
 
     async def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -839,14 +848,29 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
     def __init__(
         self, client: AsyncClient, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
-        weights: Sequence[int] | None = None,
+        weights: Sequence[int] | None = None, prefetch: int = 0,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights,
+                         prefetch)
         self._client = client
 
     async def poll(
         self, max_records: int = 16, wait: float | None = None, *, ack: Iterable[Ref] | None = None
     ) -> list[Item]:
+        if not self.prefetch:
+            return await self._poll_now(max_records, wait, ack)
+        self._check_poll(max_records, wait)
+        if self._buffer:
+            items, refs = self._from_buffer(max_records, ack)
+            for ref in refs:
+                await self.ack(ref, wait=False)
+            return items
+        items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
+        if self._buffer:
+            self._client._ack_all.add(self)
+        return items
+
+    async def _poll_now(self, max_records: int, wait: float | None, ack: Iterable[Ref] | None) -> list[Item]:
         queued, acks = self._with_queued(ack)
         try:
             return await self._client._drive(self._poll_plan(max_records, wait, acks))
@@ -889,7 +913,17 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
                 self._client._defer_acks(self, after=0.2)
 
     async def close(self) -> None:
+        """As :meth:`felix_redis.ShardedGroup.close`: the records fetched ahead are
+        released (nacked), then the queued acks sent."""
+        await self._release_buffer()
         await self.flush()
+
+    async def _release_buffer(self) -> None:
+        for item in self._take_buffer():
+            try:
+                await self.nack(item)
+            except FelixError as exc:
+                self._not_released(item, exc)
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

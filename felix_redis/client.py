@@ -150,6 +150,21 @@ class AckFlusher:
         for group in groups:
             group._flush_in_background(again=False)
 
+    def track(self, group: ShardedGroup) -> None:
+        """Remembers ``group`` (it holds records fetched ahead): released at
+        :meth:`release_all`."""
+        with self._cond:
+            self.groups.add(group)
+
+    def release_all(self) -> None:
+        """At the client's close and at interpreter exit: the records the groups fetched
+        ahead and did not hand out are released, then every queued ack is sent."""
+        with self._cond:
+            holding = [g for g in self.groups if g._buffer]
+        for group in holding:
+            group._release_buffer()
+        self.flush_all()
+
     def _after_fork(self) -> None:
         """In a forked child: new locks (a thread of the parent may have held them), no
         thread, nothing scheduled (the queued acks stay with their groups)."""
@@ -164,10 +179,11 @@ _flushers: weakref.WeakSet[AckFlusher] = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
-    """Acks still queued when the interpreter exits normally are sent (a process that
-    is killed loses them: their records are delivered again, never lost)."""
+    """Acks still queued when the interpreter exits normally are sent, and records
+    fetched ahead released (a process that is killed loses both: their records are
+    delivered again after their lease, never lost)."""
     for flusher in list(_flushers):
-        flusher.flush_all()
+        flusher.release_all()
 
 
 def _after_fork_in_child() -> None:
@@ -523,7 +539,7 @@ class Client:
             raise translate(exc, op, self.url) from None
 
     def close(self) -> None:
-        self._acks.flush_all()
+        self._acks.release_all()
         if self._watch is not None:
             self._watch.close()
         if self._lane is not None:
@@ -846,11 +862,14 @@ class Client:
     def group_sharded(
         self, tenant: str, namespace: str, stream: str | Sequence[str], group: str, consumer: str | None = None,
         reclaim: bool = True, shards: Iterable[int] | None = None, weights: Sequence[int] | None = None,
+        prefetch: int = 0,
     ) -> ShardedGroup:
         """The group across every shard (or ``shards``), for workers (see ShardedGroup).
         ``stream``: a name, or a list of names in priority order (``weights``: None for
-        strict order, else one weight per stream)."""
-        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
+        strict order, else one weight per stream). ``prefetch``: records a poll fetches
+        in one round trip, handed out ``max_records`` at a time (docs/concepts.md,
+        "Prefetch"); 0: what each poll asks for."""
+        return ShardedGroup(self, tenant, namespace, stream, group, consumer, reclaim, shards, weights, prefetch)
 
     def group_keys(
         self, tenant: str, namespace: str, stream: str, group: str, shard: int | None = None
@@ -1025,9 +1044,10 @@ class ShardedGroup(ShardedGroupBase):
     def __init__(
         self, client: Client, tenant: str, namespace: str, stream: str | Sequence[str], group: str,
         consumer: str | None = None, reclaim: bool = True, shards: Iterable[int] | None = None,
-        weights: Sequence[int] | None = None,
+        weights: Sequence[int] | None = None, prefetch: int = 0,
     ) -> None:
-        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights)
+        super().__init__(client.core, tenant, namespace, stream, group, consumer, reclaim, shards, weights,
+                         prefetch)
         self._client = client
 
     def poll(
@@ -1038,7 +1058,22 @@ class ShardedGroup(ShardedGroupBase):
         when nothing is due. ``ack``: items to ack first, in the same round trip (each
         with its shard's poll), as the acks ``ack(item, wait=False)`` queued are. If the poll raises,
         those given may not have been applied: ack them again (acks are idempotent); the
-        queued ones stay queued."""
+        queued ones stay queued. With ``prefetch``, the records fetched ahead come first,
+        without a round trip (``ack`` is then queued, as ``ack(item, wait=False)``)."""
+        if not self.prefetch:
+            return self._poll_now(max_records, wait, ack)
+        self._check_poll(max_records, wait)
+        if self._buffer:
+            items, refs = self._from_buffer(max_records, ack)
+            for ref in refs:
+                self.ack(ref, wait=False)
+            return items
+        items = self._fetched(self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
+        if self._buffer:
+            self._client._acks.track(self)
+        return items
+
+    def _poll_now(self, max_records: int, wait: float | None, ack: Iterable[Ref] | None) -> list[Item]:
         queued, acks = self._with_queued(ack)
         try:
             return self._client._drive(self._poll_plan(max_records, wait, acks))
@@ -1089,8 +1124,18 @@ class ShardedGroup(ShardedGroupBase):
                 self._client._acks.defer(self, after=0.2)
 
     def close(self) -> None:
-        """Sends the queued acks (the group stays usable)."""
+        """Sends the queued acks (the group stays usable). With ``prefetch``, the records
+        fetched ahead and not handed out are nacked first: due again at once (the
+        delivery that fetched them counts in their attempts, as any delivery does)."""
+        self._release_buffer()
         self.flush()
+
+    def _release_buffer(self) -> None:
+        for item in self._take_buffer():
+            try:
+                self.nack(item)
+            except FelixError as exc:
+                self._not_released(item, exc)
 
     def __enter__(self) -> ShardedGroup:
         return self

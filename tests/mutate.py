@@ -579,6 +579,22 @@ MUTATIONS: list[Mutation] = [
              '                               autoescape=False)',
              "tests/test_dashboard.py -k escaped",
              "pages render payloads, reasons and headers from Redis unescaped"),
+    mutation("PF1", "1", "felix_redis/client.py",
+             "        for item in self._take_buffer():\n            try:\n                self.nack(item)\n",
+             "        for item in self._take_buffer()[:0]:\n            try:\n                self.nack(item)\n",
+             "tests/test_prefetch.py -k 'releases or released'",
+             "close drops the records fetched ahead without releasing them: they wait out their lease"),
+    mutation("PF2", "1", "felix_redis/_driver.py",
+             "        taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]\n",
+             "        taken, self._buffer = self._buffer[:max_records], []\n",
+             "tests/test_prefetch.py -k max_records_at_a_time",
+             "a poll served from what was fetched ahead drops the rest of it (leased, handed to nobody)"),
+    mutation("PF3", "1", "felix_redis/_driver.py",
+             "        refs = [] if ack is None else check_list(ack, \"ack\")\n        for ref in refs:\n"
+             "            self._check_ref(ref)\n",
+             "        refs = [] if ack is None else check_list(ack, \"ack\")\n",
+             "tests/test_prefetch.py -k bad_arguments",
+             "a bad ack given to a poll served from what was fetched ahead raises after taking records"),
 ]
 
 

@@ -16,6 +16,7 @@ SYSTEMS: dict[str, str] = {
     "felix-async": "bench.systems.felix:FelixAsync",
     "felix-sharded": "bench.systems.felix:FelixSharded",
     "felix-readme": "bench.systems.felix:FelixReadme",
+    "felix-readme-plain": "bench.systems.felix:FelixReadmePlain",
     "felix-worker": "bench.systems.felix:FelixWorker",
     "felix-async-worker": "bench.systems.felix:FelixAsyncWorker",
     "dramatiq": "bench.systems.dramatiq_:Dramatiq",

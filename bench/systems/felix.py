@@ -1,6 +1,6 @@
 """felix-redis itself, written against the public contract (shared/CONTRACT.md).
 
-Six registered systems share this module:
+Seven registered systems share this module:
 
 - ``felix``: the sync client. Publish one call per job (the client's default: each
   publish carries its producer sequence, so a retried publish lands once), the same
@@ -9,7 +9,8 @@ Six registered systems share this module:
   batch's acks ride on the next poll, one round trip per batch.
 - ``felix-async``: the same through ``felix_redis.asyncio``.
 - ``felix-sharded``: a stream of ``SHARDS`` shards drained through ``group_sharded``.
-- ``felix-readme``: the README's loop on that stream (``ack(item, wait=False)`` per item).
+- ``felix-readme``: the README's loop on that stream (``prefetch=4 * concurrency``,
+  ``ack(item, wait=False)`` per item); ``felix-readme-plain`` the same without prefetch.
 - ``felix-worker``: the ``felix_redis.Worker`` runtime (handler threads).
 - ``felix-async-worker``: ``felix_redis.aioworker.AsyncWorker`` (async handlers).
 
@@ -326,21 +327,30 @@ class FelixSharded(Felix):
 
 
 class FelixReadme(FelixSharded):
-    """The README's loop as a user copies it: ``group_sharded`` over ``SHARDS`` shards,
-    ``poll(16, wait=...)``, handle, ``group.ack(item, wait=False)`` per item (the acks
-    ride on the next poll)."""
+    """The README's loop as a user copies it: ``group_sharded(..., prefetch=64)`` over
+    ``SHARDS`` shards, ``poll(16, wait=...)``, handle, ``group.ack(item, wait=False)``
+    per item (the acks ride on the next poll). The README's prefetch is 4x its poll:
+    ``4 * concurrency`` here."""
 
     name = "felix-readme"
+    prefetch_per_poll = 4
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
-        group = client.group_sharded(*NAME, GROUP)
+        group = client.group_sharded(*NAME, GROUP, prefetch=self.prefetch_per_poll * self.cfg.concurrency)
         ctx.wait_go()
         while not ctx.stopping:
             for item in group.poll(self.cfg.concurrency, wait=WAIT_S):
                 job(_sent(item))
                 group.ack(item, wait=False)
         group.close()
+
+
+class FelixReadmePlain(FelixReadme):
+    """The README's loop without prefetch: each ``poll(16)`` a round trip of 16 records."""
+
+    name = "felix-readme-plain"
+    prefetch_per_poll = 0
 
 
 class FelixWorker(Felix):

@@ -1,0 +1,209 @@
+"""Prefetch (``group_sharded(..., prefetch=N)``): a poll fetches ``N`` records in one
+round trip and hands them out ``max_records`` at a time; what it fetched and did not hand
+out is leased to the consumer, released at close, and delivered again after its lease
+when the process dies (at-least-once: nothing lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import felix_redis
+import felix_redis.asyncio as felix_async
+from felix_redis import InvalidArgument
+from felix_redis.plans import Batch, Eval
+from tests.test_queued_acks import G, N, S, T, make, unfinished
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def round_trips(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The scripts (or commands) of each round trip ``client`` makes from now on."""
+    trips: list[list[str]] = []
+    real = client._execute
+
+    def spy(op: Any) -> Any:
+        if type(op) is Eval:
+            trips.append([op.script])
+        elif type(op) is Batch:
+            trips.append([e.script if type(e) is Eval else e.args[0] for e in op.ops])
+        return real(op)
+
+    monkeypatch.setattr(client, "_execute", spy)
+    return trips
+
+
+def test_a_prefetching_poll_fetches_once_and_hands_out_max_records_at_a_time(
+    redis_client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = redis_client
+    make(client, 64)
+    group = client.group_sharded(T, N, S, G, prefetch=32)
+    assert group.prefetch == 32
+    trips = round_trips(client, monkeypatch)
+    handed: list[bytes] = []
+    sizes, made = [], []
+    while True:
+        before = len(trips)
+        items = group.poll(8)
+        made.append(len(trips) - before)
+        if not items:
+            break
+        sizes.append(len(items))
+        if len(handed) == 0:
+            assert group.fetched_ahead == 24  # leased to this consumer, not handed out yet
+        for item in items:
+            handed.append(item.payload)
+            group.ack(item, wait=False)
+    assert sizes == [8] * 8
+    assert sorted(handed) == sorted(f"r{i}".encode() for i in range(64))  # each once
+    # the first poll of each 32 fetched them (its lead shard ran dry after 16: two
+    # trips), the three after it made no round trip; then the last, empty poll
+    assert made[1:4] == made[5:8] == [0, 0, 0], made
+    assert made[0] > 0 and made[4] > 0 and made[8] > 0, made
+    group.close()
+    assert unfinished(client) == 0
+
+
+def test_a_poll_asking_more_than_the_prefetch_fetches_what_it_asks(
+    redis_client: felix_redis.Client
+) -> None:
+    make(redis_client, 40, shards=1)
+    group = redis_client.group_sharded(T, N, S, G, prefetch=8)
+    assert len(group.poll(20)) == 20 and group.fetched_ahead == 0
+    assert len(group.poll(4)) == 4 and group.fetched_ahead == 4
+    assert len(group.poll(16)) == 4  # what was fetched ahead comes first, alone
+    assert len(group.poll(16)) == 12  # the rest
+    assert group.poll(16) == []
+
+
+@pytest.mark.parametrize("bad", [True, -1, 1.5, "8", 10_001, None])
+def test_a_bad_prefetch_is_refused(redis_client: felix_redis.Client, redis_url: str, bad: Any) -> None:
+    with pytest.raises(InvalidArgument, match="prefetch"):
+        redis_client.group_sharded(T, N, S, G, prefetch=bad)
+
+    async def run() -> None:
+        client = felix_async.connect(redis_url)
+        try:
+            with pytest.raises(InvalidArgument, match="prefetch"):
+                client.group_sharded(T, N, S, G, prefetch=bad)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_bad_arguments_take_nothing_fetched_ahead(redis_client: felix_redis.Client) -> None:
+    make(redis_client, 16, shards=2)
+    group = redis_client.group_sharded(T, N, S, G, prefetch=16)
+    first = group.poll(4)
+    assert len(first) == 4 and group.fetched_ahead == 12
+    for bad in [{"max_records": 0}, {"max_records": 10_001}, {"wait": -1.0}, {"wait": float("nan")},
+                {"ack": [first[0], "not-a-claim"]}, {"ack": "0:1:1"}]:
+        with pytest.raises(InvalidArgument):
+            group.poll(**{"max_records": 4, **bad})
+        assert group.fetched_ahead == 12, bad
+    assert group.queued_acks == 0  # the good ack beside the bad one was not queued either
+    # an ack given to a poll served from what was fetched ahead is queued, to ride on
+    # the next fetch
+    second = group.poll(4, ack=first)
+    assert len(second) == 4 and group.queued_acks == 4
+    group.flush()
+    assert unfinished(redis_client) == 12
+
+
+def test_close_releases_what_was_fetched_ahead(redis_client: felix_redis.Client) -> None:
+    make(redis_client, 16, shards=2)  # leases of 30 s: only a release hands them out now
+    group = redis_client.group_sharded(T, N, S, G, prefetch=16)
+    held = group.poll(4)
+    for item in held[:2]:
+        group.ack(item, wait=False)
+    group.close()
+    assert group.fetched_ahead == 0 and group.queued_acks == 0
+    other = redis_client.group_sharded(T, N, S, G).poll(16)
+    # the 12 never handed out are due again at once (their delivery counted); the two
+    # handed out and not acked stay leased to the first holder
+    assert sorted(i.payload for i in other) == sorted({f"r{i}".encode() for i in range(16)}
+                                                       - {i.payload for i in held})
+    assert {i.attempts for i in other} == {2}
+    assert unfinished(redis_client) == 14
+
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import felix_redis
+    client = felix_redis.connect(sys.argv[1])
+    group = client.group_sharded("acme", "prod", "jobs", "workers", prefetch=8)
+    items = group.poll(2)
+    assert len(items) == 2 and group.fetched_ahead == 6, items
+    for item in items:
+        group.ack(item)
+    if sys.argv[2] == "client-close":
+        client.close()
+    if sys.argv[2] != "exit":
+        os._exit(0)  # killed: no interpreter exit, no atexit
+""")
+
+
+@pytest.mark.parametrize("end", ["killed", "exit", "client-close"])
+def test_a_process_that_ends_with_records_fetched_ahead_has_them_delivered_again(
+    redis_client: felix_redis.Client, redis_url: str, tmp_path: Path, end: str
+) -> None:
+    make(redis_client, 8, shards=2, vt_ms=1_000)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    done = subprocess.run([sys.executable, str(script), redis_url, end], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    group = redis_client.group_sharded(T, N, S, G)
+    if end == "killed":
+        assert group.poll(8) == []  # leased to the dead process until the lease lapses
+        time.sleep(1.2)
+    # else released at the interpreter's exit or the client's close: due again at once
+    again = group.poll(8)
+    assert len(again) == 6 and {i.attempts for i in again} == {2}
+    for item in again:
+        group.ack(item)
+    assert unfinished(redis_client) == 0  # the two acked and the six again: none lost
+
+
+def test_asyncio_prefetch_hands_out_in_turn_and_releases_at_close(
+    redis_client: felix_redis.Client, redis_url: str
+) -> None:
+    make(redis_client, 24, shards=2)
+    held: list[bytes] = []  # handed out and not acked: leased to the closed client
+    acked: list[bytes] = []
+
+    async def run() -> None:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G, prefetch=12)
+        first = await group.poll(4)
+        acked.extend(i.payload for i in first)
+        assert len(first) == 4 and group.fetched_ahead == 8
+        second = await group.poll(4, ack=first)
+        assert len(second) == 4 and group.queued_acks == 4
+        with pytest.raises(InvalidArgument):
+            await group.poll(0)
+        assert group.fetched_ahead == 4
+        await group.close()  # the 4 fetched ahead released, the 4 queued acks sent
+        assert group.fetched_ahead == 0 and group.queued_acks == 0
+        third = await group.poll(2)  # fetches 12 again: 10 ahead, released by the client's close
+        assert len(third) == 2 and group.fetched_ahead == 10
+        held.extend(i.payload for i in second + third)
+        await client.close()
+        assert group.fetched_ahead == 0
+
+    asyncio.run(run())
+    rest = redis_client.group_sharded(T, N, S, G).poll(24)
+    # every record but the 4 + 2 handed out and not acked is due now (released, or never
+    # fetched), none lost
+    assert sorted(i.payload for i in rest) == sorted({f"r{i}".encode() for i in range(24)} - set(held) - set(acked))
+    assert unfinished(redis_client) == 20
