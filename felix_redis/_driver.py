@@ -467,14 +467,18 @@ class ShardedGroupBase:
             self._stream_of(item)  # anything but an Item of this group's: checked now
             _shard(item)
 
-    def _from_buffer(self, max_records: int, ack: Iterable[Ref] | None) -> tuple[list[Item], list[Ref]]:
-        """Up to ``max_records`` records fetched ahead, and the poll's ``ack`` (checked
-        first: a bad one raises with nothing taken), to queue."""
+    def _checked_refs(self, ack: Iterable[Ref] | None) -> list[Ref]:
+        """A poll's ``ack``, every reference checked (a bad one raises, nothing queued)."""
         refs = [] if ack is None else check_list(ack, "ack")
         for ref in refs:
             self._check_ref(ref)
+        return refs
+
+    def _from_buffer(self, max_records: int) -> list[Item]:
+        """Up to ``max_records`` records fetched ahead (taken last, after everything that
+        can raise or be cancelled: they are not lost to the caller)."""
         taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
-        return taken, refs
+        return taken
 
     def _take_queued(self) -> list[Ref]:
         with self._queue_lock:

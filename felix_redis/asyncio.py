@@ -861,10 +861,9 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
             return await self._poll_now(max_records, wait, ack)
         self._check_poll(max_records, wait)
         if self._buffer:
-            items, refs = self._from_buffer(max_records, ack)
-            for ref in refs:
+            for ref in self._checked_refs(ack):
                 await self.ack(ref, wait=False)
-            return items
+            return self._from_buffer(max_records)
         items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
         if self._buffer:
             self._client._ack_all.add(self)

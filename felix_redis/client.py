@@ -1064,10 +1064,9 @@ class ShardedGroup(ShardedGroupBase):
             return self._poll_now(max_records, wait, ack)
         self._check_poll(max_records, wait)
         if self._buffer:
-            items, refs = self._from_buffer(max_records, ack)
-            for ref in refs:
+            for ref in self._checked_refs(ack):
                 self.ack(ref, wait=False)
-            return items
+            return self._from_buffer(max_records)
         items = self._fetched(self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
         if self._buffer:
             self._client._acks.track(self)

@@ -590,11 +590,10 @@ MUTATIONS: list[Mutation] = [
              "tests/test_prefetch.py -k max_records_at_a_time",
              "a poll served from what was fetched ahead drops the rest of it (leased, handed to nobody)"),
     mutation("PF3", "1", "felix_redis/_driver.py",
-             "        refs = [] if ack is None else check_list(ack, \"ack\")\n        for ref in refs:\n"
-             "            self._check_ref(ref)\n",
-             "        refs = [] if ack is None else check_list(ack, \"ack\")\n",
+             "        for ref in refs:\n            self._check_ref(ref)\n        return refs\n",
+             "        return refs\n",
              "tests/test_prefetch.py -k bad_arguments",
-             "a bad ack given to a poll served from what was fetched ahead raises after taking records"),
+             "a bad ack given to a poll served from what was fetched ahead raises after queuing the good ones"),
 ]
 
 
