@@ -400,6 +400,7 @@ class ShardedGroupBase:
         self.prefetch = 0 if prefetch == 0 and type(prefetch) is int else check_int(
             prefetch, "prefetch", 1, MAX_RECORDS_PER_POLL)
         self._buffer: list[Item] = []
+        self._buffer_lock = threading.Lock()  # two threads polling one group take none twice
         self._core = core
         self.streams, self.weights = check_streams(stream, weights)
         self.shards = None if shards is None else list(shards)
@@ -442,20 +443,31 @@ class ShardedGroupBase:
 
     def _fetched(self, items: list[Item], max_records: int) -> list[Item]:
         """The first ``max_records`` of what a prefetching poll fetched; the rest wait in
-        the buffer (leased to this consumer) for the next polls."""
+        the buffer (leased to this consumer) for the next polls, after what another
+        poll of this group left there meanwhile."""
         if len(items) > max_records:
-            self._buffer = items[max_records:]
+            with self._buffer_lock:
+                self._buffer.extend(items[max_records:])
             return items[:max_records]
         return items
 
     def _take_buffer(self) -> list[Item]:
         """Empties the buffer (at close: its records are released)."""
-        held, self._buffer = self._buffer, []
+        with self._buffer_lock:
+            held, self._buffer = self._buffer, []
         return held
 
-    def _not_released(self, item: Item, exc: FelixError) -> None:
-        log.warning("record %s fetched ahead by group %s not released (due again after its lease): %s",
-                    item.record.claim, self.group, exc)
+    def _release_plan(self, items: list[Item]) -> Plan[None]:
+        """Releases ``items`` (fetched ahead, never handed out): one round trip; what was
+        not released is logged."""
+        try:
+            failed = yield from self._core.release_sharded(
+                self.tenant, self.namespace, self.group, self._by_target(items))
+        except FelixError as exc:  # the stream or group could not be read
+            failed = [(item.record.claim, exc) for item in items]
+        for claim, why in failed:
+            log.warning("record %s fetched ahead by group %s and not handed out was not released: %s",
+                        claim, self.group, why)
 
     @property
     def fetched_ahead(self) -> int:
@@ -464,8 +476,12 @@ class ShardedGroupBase:
 
     def _check_ref(self, item: Ref) -> None:
         if type(item) is not Item or item.stream not in self._index:
-            self._stream_of(item)  # anything but an Item of this group's: checked now
-            _shard(item)
+            # anything but an Item of this group's: checked now, its shard against the
+            # stream's shards when they are known (a poll of this group learned them)
+            stream, shard = self._stream_of(item), _shard(item)
+            name = self._core.cache.name(self.tenant, self.namespace, stream)
+            if (settings := self._core.cache.settings.get(name.path)) is not None:
+                self._core.shard_of(name, settings, shard)
 
     def _checked_refs(self, ack: Iterable[Ref] | None) -> list[Ref]:
         """A poll's ``ack``, every reference checked (a bad one raises, nothing queued)."""
@@ -477,7 +493,8 @@ class ShardedGroupBase:
     def _from_buffer(self, max_records: int) -> list[Item]:
         """Up to ``max_records`` records fetched ahead (taken last, after everything that
         can raise or be cancelled: they are not lost to the caller)."""
-        taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
+        with self._buffer_lock:
+            taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
         return taken
 
     def _take_queued(self) -> list[Ref]:

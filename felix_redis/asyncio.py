@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from datetime import datetime
@@ -79,6 +80,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+log = logging.getLogger("felix_redis")
+
 
 async def _areply(conn: Any) -> Any:
     """One reply from ``conn``; an error reply is returned, not raised (as
@@ -138,6 +141,8 @@ class AsyncClient(_AwaitsToItself):
         self._ack_timers: dict[AsyncShardedGroup, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._ack_all: weakref.WeakSet[AsyncShardedGroup] = weakref.WeakSet()
+        #: the groups holding records fetched ahead, held on to (:meth:`_hold`)
+        self._holding: set[AsyncShardedGroup] = set()
 
     def _defer_acks(self, group: AsyncShardedGroup, after: float | None = None) -> None:
         """Sends ``group``'s queued acks ``after`` seconds from now (None: ACK_LINGER_S)."""
@@ -170,11 +175,22 @@ class AsyncClient(_AwaitsToItself):
         for group in [g for g in self._ack_all if g._queued]:
             await group._flush_in_background(again=False)
 
+    def _hold(self, group: AsyncShardedGroup) -> None:
+        """Holds on to ``group`` while it holds records fetched ahead, so that a group
+        the caller dropped is still released at close; groups whose buffer emptied are
+        let go."""
+        self._holding = {g for g in self._holding if g._buffer}
+        self._holding.add(group)
+
     async def _release_fetched(self) -> None:
         """At close: the records the groups fetched ahead and did not hand out are
-        released (nacked)."""
-        for group in [g for g in self._ack_all if g._buffer]:
-            await group._release_buffer()
+        released (nacked, one round trip a group)."""
+        holding, self._holding = [g for g in self._holding if g._buffer], set()
+        for group in holding:
+            try:
+                await group._release_buffer()
+            except Exception:  # one group's failure must not keep the others' releases and acks
+                log.exception("records fetched ahead by group %s", group.group)
 
     # -- driver
 
@@ -866,7 +882,7 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
             return self._from_buffer(max_records)
         items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
         if self._buffer:
-            self._client._ack_all.add(self)
+            self._client._hold(self)
         return items
 
     async def _poll_now(self, max_records: int, wait: float | None, ack: Iterable[Ref] | None) -> list[Item]:
@@ -901,6 +917,10 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
             self._requeue(refs)
             self._client._defer_acks(self, after=0.2)
             raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._requeue(refs)  # cancelled: they may not have gone (acks are idempotent)
+            raise
         self._flush_failures = 0
         return acked
 
@@ -918,11 +938,8 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         await self.flush()
 
     async def _release_buffer(self) -> None:
-        for item in self._take_buffer():
-            try:
-                await self.nack(item)
-            except FelixError as exc:
-                self._not_released(item, exc)
+        if held := self._take_buffer():
+            await self._client._drive(self._release_plan(held))
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

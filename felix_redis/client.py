@@ -89,6 +89,8 @@ class AckFlusher:
         self._thread: threading.Thread | None = None
         #: every group that queued an ack (flush_all sends what any of them holds)
         self.groups: weakref.WeakSet[ShardedGroup] = weakref.WeakSet()
+        #: the groups holding records fetched ahead, held on to (:meth:`track`)
+        self.holding: set[ShardedGroup] = set()
         _flushers.add(self)
 
     def defer(self, group: ShardedGroup, after: float | None = None) -> None:
@@ -151,18 +153,23 @@ class AckFlusher:
             group._flush_in_background(again=False)
 
     def track(self, group: ShardedGroup) -> None:
-        """Remembers ``group`` (it holds records fetched ahead): released at
-        :meth:`release_all`."""
+        """Holds on to ``group`` while it holds records fetched ahead (a group the
+        caller dropped is still released at :meth:`release_all`); groups whose buffer
+        emptied are let go."""
         with self._cond:
-            self.groups.add(group)
+            self.holding = {g for g in self.holding if g._buffer}
+            self.holding.add(group)
 
     def release_all(self) -> None:
         """At the client's close and at interpreter exit: the records the groups fetched
         ahead and did not hand out are released, then every queued ack is sent."""
         with self._cond:
-            holding = [g for g in self.groups if g._buffer]
+            holding, self.holding = [g for g in self.holding if g._buffer], set()
         for group in holding:
-            group._release_buffer()
+            try:
+                group._release_buffer()
+            except Exception:  # one group's failure must not keep the others' releases and acks
+                log.exception("records fetched ahead by group %s", group.group)
         self.flush_all()
 
     def _after_fork(self) -> None:
@@ -172,6 +179,11 @@ class AckFlusher:
         self._due, self._flushing, self._thread = {}, 0, None
         for group in list(self.groups):
             group._queue_lock = threading.Lock()
+        # records fetched ahead are the parent's: the child neither hands them out nor
+        # releases them at its exit
+        for group in self.holding:
+            group._buffer, group._buffer_lock = [], threading.Lock()
+        self.holding = set()
 
 
 _flushers: weakref.WeakSet[AckFlusher] = weakref.WeakSet()
@@ -1111,6 +1123,10 @@ class ShardedGroup(ShardedGroupBase):
             self._requeue(refs)
             self._client._acks.defer(self, after=0.2)
             raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._requeue(refs)  # interrupted: they may not have gone (acks are idempotent)
+            raise
         self._flush_failures = 0
         return acked
 
@@ -1130,11 +1146,8 @@ class ShardedGroup(ShardedGroupBase):
         self.flush()
 
     def _release_buffer(self) -> None:
-        for item in self._take_buffer():
-            try:
-                self.nack(item)
-            except FelixError as exc:
-                self._not_released(item, exc)
+        if held := self._take_buffer():
+            self._client._drive(self._release_plan(held))
 
     def __enter__(self) -> ShardedGroup:
         return self

@@ -1224,6 +1224,30 @@ class Core:
                                 statuses)
         return sum(statuses)
 
+    def release_sharded(
+        self, tenant: str, namespace: str, group: str, by_target: dict[tuple[str, int], list[Any]]
+    ) -> Plan[list[tuple[str, FelixError]]]:
+        """Hands back records a consumer holds and did not hand to its caller (a sharded
+        group's records fetched ahead, at close): a nack with no delay each, every shard
+        and stream in one round trip. Returns the claims not released, with why (a lease
+        that lapsed meanwhile: the record is someone else's now; a lost connection: it
+        comes again after its lease)."""
+        calls, claims = [], []
+        for (stream, shard), refs in by_target.items():
+            _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
+                or (yield from self.group_op(tenant, namespace, stream, shard, group))
+            for ref in refs:
+                target = resolve(ref, shard, need_attempts=True)
+                calls.append(Eval("group_nack", keys, [target.offset, target.attempts, 0], context, settings.replicas))
+                claims.append(f"{stream} {shard}:{target.offset}:{target.attempts}")
+        if not calls:
+            return []
+        try:
+            replies = yield Batch(calls)
+        except FelixError as exc:  # the driver gave up on the round trip
+            replies = [exc] * len(calls)
+        return [(claim, reply) for claim, reply in zip(claims, replies, strict=True) if isinstance(reply, FelixError)]
+
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
     ) -> Plan[list[bool]]:

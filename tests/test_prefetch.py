@@ -6,6 +6,8 @@ when the process dies (at-least-once: nothing lost)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import os
 import subprocess
 import sys
@@ -207,3 +209,147 @@ def test_asyncio_prefetch_hands_out_in_turn_and_releases_at_close(
     # fetched), none lost
     assert sorted(i.payload for i in rest) == sorted({f"r{i}".encode() for i in range(24)} - set(held) - set(acked))
     assert unfinished(redis_client) == 20
+
+
+# -------------------------------------------------- found by a review (each failed before its fix)
+
+
+def test_two_polls_at_once_on_one_group_hand_each_record_out_once(
+    redis_client: felix_redis.Client, redis_url: str
+) -> None:
+    make(redis_client, 64, shards=4)
+
+    async def run() -> list[bytes]:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G, prefetch=16)
+        handed: list[bytes] = []
+        for _ in range(100):
+            # both find the buffer empty and fetch: the second's records join the first's
+            pair = await asyncio.gather(group.poll(1), group.poll(1))
+            handed += [i.payload for items in pair for i in items]
+            if not any(pair):
+                break
+        await client.close()
+        return handed
+
+    handed = asyncio.run(run())
+    # a fetch that replaced what the other left in the buffer would lose those records
+    # (leased, handed to nobody, not released)
+    assert sorted(handed) == sorted(f"r{i}".encode() for i in range(64))
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_group_dropped_while_holding_records_is_released_by_the_clients_close(
+    redis_client: felix_redis.Client, redis_url: str, mode: str
+) -> None:
+    make(redis_client, 8, shards=2)
+    if mode == "sync":
+        client = felix_redis.connect(redis_url)
+
+        def take_two() -> None:
+            group = client.group_sharded(T, N, S, G, prefetch=8)
+            assert len(group.poll(2)) == 2 and group.fetched_ahead == 6
+
+        take_two()
+        gc.collect()  # the group is gone: only the client can release its records
+        client.close()
+    else:
+        async def run() -> None:
+            aclient = felix_async.connect(redis_url)
+
+            async def take_two() -> None:
+                group = aclient.group_sharded(T, N, S, G, prefetch=8)
+                assert len(await group.poll(2)) == 2 and group.fetched_ahead == 6
+
+            await take_two()
+            gc.collect()
+            await aclient.close()
+
+        asyncio.run(run())
+    again = redis_client.group_sharded(T, N, S, G).poll(8)
+    assert len(again) == 6 and {i.attempts for i in again} == {2}
+
+
+def test_close_releases_what_was_fetched_ahead_in_one_round_trip(
+    redis_client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(redis_client, 40, shards=4)
+    group = redis_client.group_sharded(T, N, S, G, prefetch=40)
+    assert len(group.poll(4)) == 4 and group.fetched_ahead == 36
+    trips = round_trips(redis_client, monkeypatch)
+    group.close()
+    # one nack per record, all in one round trip (a nack each would make a close with
+    # Redis down wait out the retries 36 times)
+    assert [trip for trip in trips if "group_nack" in trip] == [["group_nack"] * 36]
+
+
+FORK = textwrap.dedent("""
+    import json, os, sys
+    import felix_redis
+    client = felix_redis.connect(sys.argv[1])
+    group = client.group_sharded("acme", "prod", "jobs", "workers", prefetch=8)
+    assert len(group.poll(2)) == 2 and group.fetched_ahead == 6
+    pid = os.fork()
+    if pid == 0:
+        print(json.dumps({"child_holds": group.fetched_ahead}), flush=True)
+        sys.exit(0)  # a normal exit: the child's atexit runs
+    os.waitpid(pid, 0)
+    other = felix_redis.connect(sys.argv[1]).group_sharded("acme", "prod", "jobs", "workers")
+    taken = len(other.poll(8))  # the child's exit released nothing of the parent's
+    mine = group.poll(8)
+    for item in mine:
+        group.ack(item)
+    print(json.dumps({"taken_by_another": taken, "parent_handed": len(mine)}), flush=True)
+""")
+
+
+def test_a_forked_child_neither_hands_out_nor_releases_the_parents_records(
+    redis_client: felix_redis.Client, redis_url: str, tmp_path: Path
+) -> None:
+    make(redis_client, 8, shards=2)
+    script = tmp_path / "fork.py"
+    script.write_text(FORK)
+    done = subprocess.run([sys.executable, str(script), redis_url], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines == [{"child_holds": 0}, {"taken_by_another": 0, "parent_handed": 6}]
+
+
+def test_asyncio_a_cancelled_poll_keeps_what_was_fetched_ahead_and_its_acks(
+    redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(redis_client, 16, shards=2)
+
+    async def run() -> None:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G, prefetch=16)
+        first = await group.poll(4)
+        real_ack = group.ack
+
+        async def cancelled_ack(item: Any, wait: bool = True) -> None:
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(group, "ack", cancelled_ack)
+        with pytest.raises(asyncio.CancelledError):
+            await group.poll(4, ack=first)
+        assert group.fetched_ahead == 12  # nothing taken by the cancelled poll
+        monkeypatch.setattr(group, "ack", real_ack)
+        for item in first:
+            await group.ack(item, wait=False)
+        real_drive = client._drive
+
+        async def cancelled_drive(plan: Any) -> Any:
+            plan.close()
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(client, "_drive", cancelled_drive)
+        with pytest.raises(asyncio.CancelledError):
+            await group.flush()
+        assert group.queued_acks == 4  # put back: they may not have gone
+        monkeypatch.setattr(client, "_drive", real_drive)
+        await group.close()
+        await client.close()
+
+    asyncio.run(run())
+    assert unfinished(redis_client) == 12  # the 4 acked; 12 released, due again

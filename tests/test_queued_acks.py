@@ -176,17 +176,25 @@ def test_flush_and_close_send_the_queued_acks(redis_client: felix_redis.Client, 
     raw.close()
 
 
-def test_a_bad_reference_is_refused_at_once_and_nothing_is_queued(redis_client: felix_redis.Client) -> None:
+def test_a_bad_reference_is_refused_at_once_and_nothing_is_queued(
+    redis_client: felix_redis.Client, redis_url: str
+) -> None:
     make(redis_client, 1)
     group = redis_client.group_sharded(T, N, S, G)
     for bad in ("nope", 12, None, "0:x:1"):
         with pytest.raises(InvalidArgument):
             group.ack(bad, wait=False)  # type: ignore[arg-type]
-    assert group.queued_acks == 0
-    group.ack("9:0:1", wait=False)  # well formed, but no shard 9: refused when sent, and dropped
+    # well formed, but no shard 9: refused at once where the client knows the shards
+    # (it made or polled the stream), else refused when sent, and dropped
     with pytest.raises(felix_redis.NotFound, match="shard 9 does not exist"):
-        group.flush()
+        group.ack("9:0:1", wait=False)
     assert group.queued_acks == 0
+    with felix_redis.connect(redis_url) as fresh:
+        blind = fresh.group_sharded(T, N, S, G)
+        blind.ack("9:0:1", wait=False)
+        with pytest.raises(felix_redis.NotFound, match="shard 9 does not exist"):
+            blind.flush()
+        assert blind.queued_acks == 0
     (item,) = group.poll(1)
     group.ack(item, wait=False)
     assert group.flush() == 1
