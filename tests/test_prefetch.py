@@ -21,8 +21,7 @@ import pytest
 import felix_redis
 import felix_redis.asyncio as felix_async
 from felix_redis import InvalidArgument
-from felix_redis.plans import Batch, Eval
-from tests.test_queued_acks import G, N, S, T, make, unfinished
+from tests.test_queued_acks import G, N, S, T, make, on_round_trips, unfinished
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,16 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def round_trips(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The scripts (or commands) of each round trip ``client`` makes from now on."""
     trips: list[list[str]] = []
-    real = client._execute
-
-    def spy(op: Any) -> Any:
-        if type(op) is Eval:
-            trips.append([op.script])
-        elif type(op) is Batch:
-            trips.append([e.script if type(e) is Eval else e.args[0] for e in op.ops])
-        return real(op)
-
-    monkeypatch.setattr(client, "_execute", spy)
+    on_round_trips(client, monkeypatch, trips.append)
     return trips
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +38,32 @@ def unfinished(client: felix_redis.Client) -> int:
     return sum(s.unfinished for s in client.group_describe(T, N, S, G).shards)
 
 
-def scripts_sent(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the scripts ``client`` calls from now on, in order."""
-    sent: list[str] = []
+def on_round_trips(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch,
+                   record: Callable[[list[str]], None]) -> None:
+    """Calls ``record`` with the scripts (or commands) of each round trip ``client``
+    makes from now on."""
     real = client._execute
 
     def spy(op: Any) -> Any:
         if type(op) is Eval:
-            sent.append(op.script)
+            record([op.script])
         elif type(op) is Batch:
-            calls = [e.script if type(e) is Eval else e.args[0] for e in op.ops]
-            # an ack rides on a poll's round trip (a poll, or a look at idle shards), never alone
-            others = [c for c in calls if c != "group_ack"]
-            sent.extend(others or calls)
+            record([e.script if type(e) is Eval else e.args[0] for e in op.ops])
         return real(op)
 
     monkeypatch.setattr(client, "_execute", spy)
+
+
+def scripts_sent(client: felix_redis.Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the scripts ``client`` calls from now on, in order."""
+    sent: list[str] = []
+
+    def record(calls: list[str]) -> None:
+        # an ack rides on a poll's round trip (a poll, or a look at idle shards), never alone
+        others = [c for c in calls if c != "group_ack"]
+        sent.extend(others or calls)
+
+    on_round_trips(client, monkeypatch, record)
     return sent
 
 
