@@ -26,13 +26,14 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from felix_redis.checks import check_streams
+from felix_redis.checks import check_int, check_streams
 from felix_redis.constants import (
     DEFAULT_GRACE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_POLL_WAIT_S,
     DEFAULT_VISIBILITY_TIMEOUT_MS,
     MAX_REASON_BYTES,
+    MAX_RECORDS_PER_POLL,
 )
 from felix_redis.errors import FelixError, InvalidArgument, PermissionDenied, StaleClaim
 from felix_redis.models import GroupInfo, Record
@@ -337,6 +338,7 @@ class WorkerBase:
         heartbeat_fraction: float = 1 / 3,
         hard_limit_s: float | None = None,
         burst: bool = False,
+        prefetch: int = 0,
         metrics: WorkerMetrics | None = None,
         handle_signals: bool = True,
     ) -> None:
@@ -357,6 +359,9 @@ class WorkerBase:
         :param heartbeat_fraction: extend a lease after this fraction of the visibility timeout.
         :param hard_limit_s: stop extending a handler's lease after this long (None: never).
         :param burst: exit once nothing is due and nothing is in flight.
+        :param prefetch: 0, or how many records a poll fetches in one round trip when the
+            worker holds none fetched ahead; those beyond the free slots wait, leased, for
+            the next slots (docs/worker.md, "Prefetch"). Released at shutdown.
         :param metrics: Prometheus metrics to update (:class:`felix_redis.metrics.WorkerMetrics`).
         :param handle_signals: install SIGTERM/SIGINT handlers in ``run()`` (main thread only).
         """
@@ -385,6 +390,8 @@ class WorkerBase:
         self.heartbeat_fraction = heartbeat_fraction
         self.hard_limit_s = hard_limit_s
         self.burst = burst
+        self.prefetch = 0 if prefetch == 0 and type(prefetch) is int else check_int(
+            prefetch, "prefetch", 1, MAX_RECORDS_PER_POLL)
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
         # the group's own settings, read from Redis when run() starts (_configure); over
@@ -408,7 +415,9 @@ class WorkerBase:
         # one stream's name as given, and weights only when there are: a client of one's
         # own with the older group_sharded signature keeps working
         where = self.stream if len(self.streams) == 1 else self.streams
-        extra = {} if self.weights is None else {"weights": self.weights}
+        extra: dict[str, Any] = {} if self.weights is None else {"weights": self.weights}
+        if self.prefetch:
+            extra["prefetch"] = self.prefetch
         self._group = client.group_sharded(tenant, namespace, where, group, consumer, **extra)
         self._source = self._group
         self._wheres = {name: f"{tenant}/{namespace}/{name}" for name in self.streams}
@@ -435,8 +444,9 @@ class WorkerBase:
             bad = [s for s in self.shards if not 0 <= s < len(info.shards)]
             if bad:
                 raise InvalidArgument(f"stream {self._where} has {len(info.shards)} shard(s); no shard {bad}")
+            extra = {"prefetch": self.prefetch} if self.prefetch else {}
             self._source = self.client.group_sharded(
-                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards)
+                self.tenant, self.namespace, self.stream, self.group, self.consumer, shards=self.shards, **extra)
 
     # -- what a runtime supplies
 
@@ -506,6 +516,12 @@ class WorkerBase:
             if finished:
                 yield from self._ack_plan(finished)
             return
+        if finished and self.prefetch and self._source.fetched_ahead:
+            # the poll hands out records fetched ahead, without a round trip for these
+            # acks to ride on: the settle thread (or task) acks them, beside this loop, and
+            # reports them acked once that call returned
+            self._requeue(finished)
+            finished = []
         try:
             items = yield Call(self._source.poll, free, None if self.burst else self.poll_wait_s,
                                ack=[job.item for job, _, _ in finished])

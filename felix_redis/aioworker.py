@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from felix_redis import _tracing
 from felix_redis import worker as _worker
 from felix_redis._runtime import Finished, Job, WorkerBase, drive_async, is_async_handler
-from felix_redis.errors import InvalidArgument
+from felix_redis.errors import FelixError, InvalidArgument
 from felix_redis.models import Record
 
 if TYPE_CHECKING:
@@ -324,7 +324,13 @@ class AsyncWorker(WorkerBase):
     # -- shutdown
 
     async def _shutdown(self) -> None:
-        """Lets running handlers finish within the grace period, cancels and hands back the rest."""
+        """Releases the records fetched ahead, lets running handlers finish within the
+        grace period, cancels and hands back the rest."""
+        if self.prefetch:
+            try:
+                await self._source.close()  # never run: due again at once for the other workers
+            except FelixError as exc:
+                log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         tasks = [task for task in self._jobs.values() if task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.grace_s)

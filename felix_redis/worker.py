@@ -33,6 +33,7 @@ from felix_redis._runtime import (
     drive,
     is_async_handler,
 )
+from felix_redis.errors import FelixError
 
 if TYPE_CHECKING:
     from felix_redis.client import ShardedGroup
@@ -390,8 +391,14 @@ class Worker(WorkerBase):
     # -- shutdown
 
     def _shutdown(self) -> None:
-        """Lets running handlers finish within the grace period, hands back the rest."""
+        """Releases the records fetched ahead, lets running handlers finish within the
+        grace period, hands back the rest."""
         deadline = time.monotonic() + self.grace_s
+        if self.prefetch:
+            try:
+                self._source.close()  # never run: due again at once for the other workers
+            except FelixError as exc:
+                log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         with self._slots:
             self._settle.notify_all()  # finished jobs no poll takes along now (acked: stopping, or their linger)
             self._slots.wait_for(lambda: not self._jobs, self.grace_s)

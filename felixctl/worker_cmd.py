@@ -113,6 +113,9 @@ def _setup_logging(level: str) -> None:
               help="With several streams: one whole-number weight each, e.g. 6,3,1; hand-outs follow them while all "
               "streams are busy (default: strict order, a stream gets only what those before it could not fill).")
 @click.option("--burst", is_flag=True, help="Exit once nothing is due and nothing is in flight.")
+@click.option("--prefetch", type=click.IntRange(0, 10_000), default=0, show_default=True,
+              help="Records one poll fetches in a round trip (0: the free slots); those beyond the free slots "
+              "wait, leased, for the next ones, and are released at shutdown.")
 @click.option("--grace", "grace_s", type=click.FloatRange(0), default=DEFAULT_GRACE_S, show_default=True,
               help="Seconds running handlers may finish after SIGTERM/SIGINT.")
 @click.option("--hard-limit", "hard_limit_s", type=click.FloatRange(0, min_open=True), default=None,
@@ -135,7 +138,7 @@ def _setup_logging(level: str) -> None:
 @click.pass_context
 def worker(
     ctx: click.Context, stream: str, group: str, handler: str, concurrency: int, consumer: str | None,
-    shards: str | None, weights: str | None, burst: bool, grace_s: float, hard_limit_s: float | None,
+    shards: str | None, weights: str | None, burst: bool, prefetch: int, grace_s: float, hard_limit_s: float | None,
     poll_wait_s: float,
     backoff_base: float, backoff_factor: float, backoff_max: float, backoff_jitter: float,
     metrics_listen: str | None, log_level: str, redis_url: str | None, tenant: str, namespace: str,
@@ -169,7 +172,8 @@ def worker(
     options: dict[str, Any] = dict(
         weights=weight_list,
         concurrency=concurrency, consumer=consumer, shards=shard_list, backoff=backoff, poll_wait_s=poll_wait_s,
-        grace_s=grace_s, hard_limit_s=hard_limit_s, burst=burst, metrics=_worker_metrics(metrics_listen),
+        grace_s=grace_s, hard_limit_s=hard_limit_s, burst=burst, prefetch=prefetch,
+        metrics=_worker_metrics(metrics_listen),
     )
     where = (ctl.tenant, ctl.namespace, streams, group)
     try:

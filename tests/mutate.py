@@ -620,6 +620,16 @@ MUTATIONS: list[Mutation] = [
              "                await self.ack(ref, wait=False)\n            return taken\n",
              "tests/test_prefetch.py -k cancelled",
              "a buffered poll cancelled while it queues its acks has taken records the caller never gets"),
+    mutation("WP1", "1", "felix_redis/worker.py",
+             "                self._source.close()  # never run: due again at once for the other workers\n",
+             "                pass\n",
+             "tests/test_worker_prefetch.py -k stop_releases",
+             "a stopping Worker leaves what it fetched ahead leased until the leases lapse"),
+    mutation("WP2", "1", "felix_redis/aioworker.py",
+             "                await self._source.close()  # never run: due again at once for the other workers\n",
+             "                pass\n",
+             "tests/test_worker_prefetch.py -k async_worker",
+             "a stopping AsyncWorker leaves what it fetched ahead leased until the leases lapse"),
 ]
 
 

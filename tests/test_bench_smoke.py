@@ -22,7 +22,7 @@ from felix_redis.testing.server import RedisServer, redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 FELIX = ["felix", "felix-async", "felix-sharded", "felix-readme", "felix-readme-plain", "felix-worker",
-         "felix-async-worker"]
+         "felix-async-worker", "felix-worker-prefetch", "felix-async-worker-prefetch"]
 # Peers run only when their package is importable here (the test venv has none).
 PEERS = {
     "dramatiq": "dramatiq",

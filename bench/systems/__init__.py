@@ -19,6 +19,8 @@ SYSTEMS: dict[str, str] = {
     "felix-readme-plain": "bench.systems.felix:FelixReadmePlain",
     "felix-worker": "bench.systems.felix:FelixWorker",
     "felix-async-worker": "bench.systems.felix:FelixAsyncWorker",
+    "felix-worker-prefetch": "bench.systems.felix:FelixWorkerPrefetch",
+    "felix-async-worker-prefetch": "bench.systems.felix:FelixAsyncWorkerPrefetch",
     "dramatiq": "bench.systems.dramatiq_:Dramatiq",
     "taskiq": "bench.systems.taskiq_:Taskiq",
     "bullmq": "bench.systems.bullmq_:BullMQ",

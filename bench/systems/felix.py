@@ -1,6 +1,6 @@
 """felix-redis itself, written against the public contract (shared/CONTRACT.md).
 
-Seven registered systems share this module:
+Nine registered systems share this module:
 
 - ``felix``: the sync client. Publish one call per job (the client's default: each
   publish carries its producer sequence, so a retried publish lands once), the same
@@ -13,6 +13,8 @@ Seven registered systems share this module:
   ``ack(item, wait=False)`` per item); ``felix-readme-plain`` the same without prefetch.
 - ``felix-worker``: the ``felix_redis.Worker`` runtime (handler threads).
 - ``felix-async-worker``: ``felix_redis.aioworker.AsyncWorker`` (async handlers).
+- ``felix-worker-prefetch``, ``felix-async-worker-prefetch``: the two with
+  ``prefetch=4 * concurrency``.
 
 Anything the client does not have yet is reported as unavailable, never as a crash.
 """
@@ -358,6 +360,8 @@ class FelixWorker(Felix):
 
     name = "felix-worker"
     uses = ("publish_batch",)
+    #: the runtime's prefetch, in multiples of its concurrency (0: none)
+    prefetch_per_slot = 0
 
     def scenarios(self) -> list[Scenario]:
         return RedisSystem.scenarios(self)[1:3]
@@ -378,10 +382,16 @@ class FelixWorker(Felix):
             concurrency=self.cfg.concurrency,
             poll_wait_s=WAIT_S,
             handle_signals=False,
+            **self.prefetch(),
         )
         ctx.wait_go()
         ctx.on_stop(runtime.stop)
         runtime.run()
+
+    def prefetch(self) -> dict[str, int]:
+        """The runtime's ``prefetch=`` (none when 0: a client without it still runs)."""
+        n = self.prefetch_per_slot * self.cfg.concurrency
+        return {"prefetch": n} if n else {}
 
 
 class FelixAsyncWorker(FelixWorker):
@@ -408,6 +418,7 @@ class FelixAsyncWorker(FelixWorker):
                 concurrency=self.cfg.concurrency,
                 poll_wait_s=WAIT_S,
                 handle_signals=False,
+                **self.prefetch(),
             )
 
             async def stop() -> None:
@@ -417,3 +428,17 @@ class FelixAsyncWorker(FelixWorker):
             await serve(ctx, runtime.run(), stop)
 
         asyncio.run(main())
+
+
+class FelixWorkerPrefetch(FelixWorker):
+    """The ``Worker`` with ``prefetch=4 * concurrency``."""
+
+    name = "felix-worker-prefetch"
+    prefetch_per_slot = 4
+
+
+class FelixAsyncWorkerPrefetch(FelixAsyncWorker):
+    """The ``AsyncWorker`` with ``prefetch=4 * concurrency``."""
+
+    name = "felix-async-worker-prefetch"
+    prefetch_per_slot = 4

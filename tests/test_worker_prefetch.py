@@ -1,0 +1,157 @@
+"""The Worker and AsyncWorker with ``prefetch``: a poll fetches that many records in one
+round trip and runs them as slots free up; the finished jobs' acks go from the settle
+thread (or task) while the loop hands out what was fetched; at shutdown what was
+fetched and never run is released at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import felix_redis
+import felix_redis.asyncio as aio
+from felix_redis import InvalidArgument, Record
+from felix_redis.aioworker import AsyncWorker
+from felix_redis.worker import Worker
+from felixctl.common import Ctl
+from felixctl.worker_cmd import worker as worker_cmd
+from tests.test_queued_acks import on_round_trips
+from tests.test_worker import running
+
+T, N, S, G = "acme", "prod", "jobs", "workers"
+
+
+def unfinished(client: felix_redis.Client) -> int:
+    return sum(s.unfinished for s in client.group_describe(T, N, S, G).shards)
+
+
+@pytest.mark.parametrize("prefetch", [0, 64])
+def test_a_prefetching_worker_runs_every_record_once_in_fewer_polls(
+    worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch, prefetch: int
+) -> None:
+    c = worker_group(shards=4)
+    for shard in range(4):
+        c.publish_batch(T, N, S, [f"{shard}-{i}" for i in range(100)], shard=shard)
+    polls: list[list[str]] = []
+    on_round_trips(c, monkeypatch, lambda calls: polls.append(calls) if "group_poll" in calls else None)
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(record: Record) -> None:
+        with lock:
+            seen.append(record.payload)
+
+    w = Worker(c, T, N, S, G, handler, concurrency=4, burst=True, prefetch=prefetch, handle_signals=False)
+    w.run()
+    assert sorted(seen) == sorted(f"{s}-{i}".encode() for s in range(4) for i in range(100))
+    assert (w.stats.processed, w.stats.failed, w.stats.in_flight) == (400, 0, 0)
+    assert unfinished(c) == 0  # every ack sent, none left queued
+    if prefetch:
+        assert len(polls) <= 30, len(polls)  # 400 / 64 fetches, and the shards' ends
+    else:
+        assert len(polls) >= 100, len(polls)  # 4 free slots a poll
+
+
+def test_stop_releases_what_the_worker_fetched_and_never_ran(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    c = worker_group()  # leases of 30 s: only a release makes them due now
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
+    started, release = threading.Event(), threading.Event()
+
+    def handler(record: Record) -> None:
+        started.set()
+        release.wait(10)
+
+    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=8, grace_s=0.2, poll_wait_s=0.1,
+               handle_signals=False)
+    with running(w, release) as thread:
+        assert started.wait(5)
+        w.stop()
+        thread.join(5)
+        assert not thread.is_alive()
+    assert (w.stats.processed, w.stats.handed_back) == (0, 1)
+    again = c.group_poll(T, N, S, 0, G, max_records=16)
+    # the one that ran was handed back, the seven fetched ahead released: all due now
+    assert sorted(r.payload for r in again) == [f"r{i}".encode() for i in range(8)]
+    assert {r.attempts for r in again} == {2}
+
+
+def test_async_worker_prefetches_and_releases_at_stop(
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    c = worker_group(shards=2)
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(40)])
+    seen: list[bytes] = []
+
+    async def main() -> AsyncWorker:
+        async with aclient() as client:
+            hold = asyncio.Event()
+
+            async def handler(record: Record) -> None:
+                seen.append(record.payload)
+                if len(seen) >= 20:
+                    await hold.wait()  # the rest of the batch stays fetched ahead
+
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=2, prefetch=16, grace_s=0.1,
+                            poll_wait_s=0.1, handle_signals=False)
+            task = asyncio.create_task(w.run())
+            for _ in range(200):
+                if len(seen) >= 21:
+                    break
+                await asyncio.sleep(0.02)
+            w.stop()
+            await asyncio.wait_for(task, 10)
+            # released by the stop itself, before the client closes
+            again.extend(c.group_sharded(T, N, S, G).poll(40))
+            return w
+
+    again: list[Any] = []
+    w = asyncio.run(main())
+    assert w.stats.processed == 19 and w.stats.handed_back == 2
+    # everything not acked is due now: the two handed back and the fetched ahead released
+    assert sorted(r.payload for r in again) == sorted({f"r{i}".encode() for i in range(40)} - set(seen[:19]))
+    assert unfinished(c) == 40 - 19
+
+
+@pytest.mark.parametrize("bad", [True, -1, 2.5, "8", 10_001])
+def test_a_bad_prefetch_is_refused(worker_group: Callable[..., felix_redis.Client], bad: Any) -> None:
+    c = worker_group()
+    with pytest.raises(InvalidArgument, match="prefetch"):
+        Worker(c, T, N, S, G, lambda r: None, prefetch=bad, handle_signals=False)
+
+
+def test_cli_worker_prefetch(
+    worker_group: Callable[..., felix_redis.Client], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = worker_group()
+    c.publish_batch(T, N, S, ["{}"] * 20)
+    monkeypatch.setenv("WORKER_JOBS_URL", redis_url)
+    made: list[int] = []
+    real = felix_redis.Client.group_sharded
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("prefetch", 0))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(felix_redis.Client, "group_sharded", spy)
+
+    @click.group()
+    @click.pass_context
+    def main(ctx: click.Context) -> None:
+        ctx.obj = Ctl(redis_url, T, N)
+
+    main.add_command(worker_cmd)
+    result = CliRunner().invoke(main, ["worker", S, G, "tests.support.worker_jobs:handle", "--burst",
+                                       "--prefetch", "8"])
+    assert result.exit_code == 0, result.output
+    assert made == [8]
+    assert c.group_describe(T, N, S, G).lag == 0
+    result = CliRunner().invoke(main, ["worker", S, G, "tests.support.worker_jobs:handle", "--prefetch", "-1"])
+    assert result.exit_code == 2
