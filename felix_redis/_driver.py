@@ -401,6 +401,9 @@ class ShardedGroupBase:
             prefetch, "prefetch", 1, MAX_RECORDS_PER_POLL)
         self._buffer: list[Item] = []
         self._buffer_lock = threading.Lock()  # two threads polling one group take none twice
+        #: time.monotonic() before the fetch that brought the oldest record in the buffer
+        #: (its lease runs from then)
+        self.fetched_at = 0.0
         self._core = core
         self.streams, self.weights = check_streams(stream, weights)
         self.shards = None if shards is None else list(shards)
@@ -441,12 +444,15 @@ class ShardedGroupBase:
         if wait is not None:
             seconds_to_ms(wait, "wait", 0, MAX_DELAY_MS)
 
-    def _fetched(self, items: list[Item], max_records: int) -> list[Item]:
-        """The first ``max_records`` of what a prefetching poll fetched; the rest wait in
-        the buffer (leased to this consumer) for the next polls, after what another
-        poll of this group left there meanwhile."""
+    def _fetched(self, items: list[Item], max_records: int, sent: float) -> list[Item]:
+        """The first ``max_records`` of what a prefetching poll fetched (sent at
+        ``sent``, time.monotonic()); the rest wait in the buffer (leased to this
+        consumer) for the next polls, after what another poll of this group left there
+        meanwhile."""
         if len(items) > max_records:
             with self._buffer_lock:
+                if not self._buffer:
+                    self.fetched_at = sent
                 self._buffer.extend(items[max_records:])
             return items[:max_records]
         return items
@@ -457,17 +463,22 @@ class ShardedGroupBase:
             held, self._buffer = self._buffer, []
         return held
 
-    def _release_plan(self, items: list[Item]) -> Plan[None]:
+    def _release_plan(self, items: list[Item]) -> Plan[list[str]]:
         """Releases ``items`` (fetched ahead, never handed out): one round trip; what was
-        not released is logged."""
+        not released is logged. Returns the claims that became dead letters (fetched on
+        their last allowed attempt), logged too."""
         try:
-            failed = yield from self._core.release_sharded(
+            failed, dead = yield from self._core.release_sharded(
                 self.tenant, self.namespace, self.group, self._by_target(items))
         except FelixError as exc:  # the stream or group could not be read
-            failed = [(item.record.claim, exc) for item in items]
+            failed, dead = [(item.record.claim, exc) for item in items], []
         for claim, why in failed:
             log.warning("record %s fetched ahead by group %s and not handed out was not released: %s",
                         claim, self.group, why)
+        for claim in dead:
+            log.warning("record %s fetched ahead by group %s on its last allowed attempt and not handed out "
+                        "became a dead letter when released", claim, self.group)
+        return dead
 
     @property
     def fetched_ahead(self) -> int:

@@ -512,11 +512,13 @@ class WorkerBase:
     def _poll_plan(self, free: int, finished: list[Finished]) -> Plan:
         """One turn of the loop once ``free`` slots are free: polls up to them, acking
         the ``finished`` jobs in the same round trip, and hands the records out."""
-        if free == 0 or self._stopping.is_set():
+        if free <= 0 or self._stopping.is_set():
             if finished:
                 yield from self._ack_plan(finished)
             return
-        if finished and self.prefetch and self._source.fetched_ahead:
+        # the lease of a record fetched ahead runs from its fetch: the heartbeat counts from there
+        leased_at = self._source.fetched_at if self.prefetch and self._source.fetched_ahead else None
+        if finished and leased_at is not None:
             # the poll hands out records fetched ahead, without a round trip for these
             # acks to ride on: the settle thread (or task) acks them, beside this loop, and
             # reports them acked once that call returned
@@ -541,7 +543,11 @@ class WorkerBase:
             self._acked(finished, ACKED)
         if items:
             now, lock = time.monotonic(), self._job_lock
-            yield Call(self._dispatch_many, [Job(item, now, lock) for item in items])
+            jobs = [Job(item, now, lock) for item in items]
+            if leased_at is not None:
+                for job in jobs:
+                    job.renewed = leased_at
+            yield Call(self._dispatch_many, jobs)
         if not items and self.burst:
             yield Call(self._burst_check)
 

@@ -326,14 +326,15 @@ class AsyncWorker(WorkerBase):
     async def _shutdown(self) -> None:
         """Releases the records fetched ahead, lets running handlers finish within the
         grace period, cancels and hands back the rest."""
+        deadline = time.monotonic() + self.grace_s
         if self.prefetch:
-            try:
-                await self._source.close()  # never run: due again at once for the other workers
+            try:  # never run: due again at once for the other workers
+                self.stats.dead_lettered += len(await self._source._release_buffer())
             except FelixError as exc:
                 log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         tasks = [task for task in self._jobs.values() if task is not None]
         if tasks:
-            await asyncio.wait(tasks, timeout=self.grace_s)
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for job, task in list(self._jobs.items()):
             if job.settle("handed_back"):
                 if task is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from datetime import datetime
@@ -880,7 +881,8 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
             for ref in self._checked_refs(ack):
                 await self.ack(ref, wait=False)
             return self._from_buffer(max_records)
-        items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
+        sent = time.monotonic()
+        items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records, sent)
         if self._buffer:
             self._client._hold(self)
         return items
@@ -937,9 +939,10 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         await self._release_buffer()
         await self.flush()
 
-    async def _release_buffer(self) -> None:
-        if held := self._take_buffer():
-            await self._client._drive(self._release_plan(held))
+    async def _release_buffer(self) -> list[str]:
+        """Releases the records fetched ahead; returns those that became dead letters."""
+        held = self._take_buffer()
+        return await self._client._drive(self._release_plan(held)) if held else []
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

@@ -1079,7 +1079,8 @@ class ShardedGroup(ShardedGroupBase):
             for ref in self._checked_refs(ack):
                 self.ack(ref, wait=False)
             return self._from_buffer(max_records)
-        items = self._fetched(self._poll_now(max(max_records, self.prefetch), wait, ack), max_records)
+        sent = time.monotonic()
+        items = self._fetched(self._poll_now(max(max_records, self.prefetch), wait, ack), max_records, sent)
         if self._buffer:
             self._client._acks.track(self)
         return items
@@ -1145,9 +1146,10 @@ class ShardedGroup(ShardedGroupBase):
         self._release_buffer()
         self.flush()
 
-    def _release_buffer(self) -> None:
-        if held := self._take_buffer():
-            self._client._drive(self._release_plan(held))
+    def _release_buffer(self) -> list[str]:
+        """Releases the records fetched ahead; returns those that became dead letters."""
+        held = self._take_buffer()
+        return self._client._drive(self._release_plan(held)) if held else []
 
     def __enter__(self) -> ShardedGroup:
         return self

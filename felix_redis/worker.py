@@ -195,7 +195,8 @@ class Worker(WorkerBase):
             self._slots.wait_for(
                 lambda: len(self._jobs) - len(self._finished) < self.concurrency or self._stopping.is_set(), timeout)
             finished, self._finished = self._finished, []
-            return self.concurrency - len(self._jobs) + len(finished), finished
+            # (never below 0: finished jobs the settle thread acks still hold their slots)
+            return max(0, self.concurrency - len(self._jobs) + len(finished)), finished
 
     def _idle(self, seconds: float) -> None:
         self._stopping.wait(seconds)
@@ -395,13 +396,13 @@ class Worker(WorkerBase):
         grace period, hands back the rest."""
         deadline = time.monotonic() + self.grace_s
         if self.prefetch:
-            try:
-                self._source.close()  # never run: due again at once for the other workers
+            try:  # never run: due again at once for the other workers
+                self.stats.dead_lettered += len(self._source._release_buffer())
             except FelixError as exc:
                 log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         with self._slots:
             self._settle.notify_all()  # finished jobs no poll takes along now (acked: stopping, or their linger)
-            self._slots.wait_for(lambda: not self._jobs, self.grace_s)
+            self._slots.wait_for(lambda: not self._jobs, max(0.0, deadline - time.monotonic()))
             left = list(self._jobs)
         for job in left:
             if job.settle("handed_back"):

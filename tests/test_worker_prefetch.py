@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 import felix_redis
 import felix_redis.asyncio as aio
 from felix_redis import InvalidArgument, Record
+from felix_redis._driver import ShardedGroupBase
 from felix_redis.aioworker import AsyncWorker
 from felix_redis.worker import Worker
 from felixctl.common import Ctl
@@ -40,6 +42,10 @@ def test_a_prefetching_worker_runs_every_record_once_in_fewer_polls(
         c.publish_batch(T, N, S, [f"{shard}-{i}" for i in range(100)], shard=shard)
     polls: list[list[str]] = []
     on_round_trips(c, monkeypatch, lambda calls: polls.append(calls) if "group_poll" in calls else None)
+    queued: list[Any] = []
+    real_queue = ShardedGroupBase._queue_ack
+    monkeypatch.setattr(ShardedGroupBase, "_queue_ack",
+                        lambda self, item: queued.append(item) or real_queue(self, item))
     seen: list[bytes] = []
     lock = threading.Lock()
 
@@ -51,7 +57,9 @@ def test_a_prefetching_worker_runs_every_record_once_in_fewer_polls(
     w.run()
     assert sorted(seen) == sorted(f"{s}-{i}".encode() for s in range(4) for i in range(100))
     assert (w.stats.processed, w.stats.failed, w.stats.in_flight) == (400, 0, 0)
-    assert unfinished(c) == 0  # every ack sent, none left queued
+    # a job is reported acked once its ack returned: never queued on the group to go later
+    assert queued == []
+    assert unfinished(c) == 0
     if prefetch:
         assert len(polls) <= 30, len(polls)  # 400 / 64 fetches, and the shards' ends
     else:
@@ -155,3 +163,71 @@ def test_cli_worker_prefetch(
     assert c.group_describe(T, N, S, G).lag == 0
     result = CliRunner().invoke(main, ["worker", S, G, "tests.support.worker_jobs:handle", "--prefetch", "-1"])
     assert result.exit_code == 2
+
+
+def test_a_shard_subset_prefetches_too(
+    worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = worker_group(shards=4)
+    for shard in range(4):
+        c.publish_batch(T, N, S, [f"{shard}-{i}" for i in range(50)], shard=shard)
+    polls: list[list[str]] = []
+    on_round_trips(c, monkeypatch, lambda calls: polls.append(calls) if "group_poll" in calls else None)
+    seen: list[bytes] = []
+    w = Worker(c, T, N, S, G, lambda r: seen.append(r.payload), concurrency=2, shards=[1, 3], burst=True,
+               prefetch=32, handle_signals=False)
+    w.run()
+    assert sorted(seen) == sorted(f"{s}-{i}".encode() for s in (1, 3) for i in range(50))
+    assert len(polls) <= 15, len(polls)  # 100 / 32 fetches and the shards' ends, not 100 / 2 polls
+
+
+def test_the_heartbeat_counts_a_lease_from_the_fetch(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    """B waits 1 s of its 1.5 s lease fetched ahead while A runs, then runs 1.5 s itself:
+    the heartbeat (every 0.5 s) must extend it from its fetch, not from its start, or
+    it lapses while it runs and another consumer gets it."""
+    c = worker_group(vt_ms=1_500)
+    c.publish_batch(T, N, S, ["A", "B"])
+    first, done = threading.Event(), threading.Event()
+
+    def handler(record: Record) -> None:
+        first.set()
+        time.sleep(1.0 if record.payload == b"A" else 1.5)
+        if record.payload == b"B":
+            done.set()
+
+    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=2, poll_wait_s=0.1, handle_signals=False)
+    taken = []
+    with running(w, done):
+        assert first.wait(5)  # A runs, B waits fetched ahead: another consumer polls from now on
+        deadline = time.monotonic() + 5
+        while not done.is_set() and time.monotonic() < deadline:
+            taken += c.group_poll(T, N, S, 0, G, max_records=2)
+            time.sleep(0.05)
+    assert done.is_set()
+    assert taken == []  # no lease lapsed: nothing was delivered elsewhere
+    assert w.stats.processed == 2
+
+
+def test_stopping_releases_a_record_on_its_last_attempt_as_a_dead_letter_and_counts_it(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    c = worker_group(max_attempts=1)
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
+    started, release = threading.Event(), threading.Event()
+
+    def handler(record: Record) -> None:
+        started.set()
+        release.wait(10)
+
+    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=8, grace_s=0.2, poll_wait_s=0.1,
+               handle_signals=False)
+    with running(w, release) as thread:
+        assert started.wait(5)
+        w.stop()
+        thread.join(5)
+    # fetched on their only allowed attempt: released, they are dead letters (said in
+    # docs/worker.md, counted, logged), as is the one handed back
+    assert w.stats.dead_lettered == 8
+    assert c.group_describe(T, N, S, G).dead == 8
