@@ -325,7 +325,35 @@ class AsyncWorker(WorkerBase):
 
     async def _shutdown(self) -> None:
         """Releases the records fetched ahead, lets running handlers finish within the
-        grace period, cancels and hands back the rest."""
+        grace period, cancels and hands back the rest. Cut short (run() cancelled again,
+        as cancel scopes do at each await): nothing of the worker goes on running, and
+        what it held is left to its leases (due again once they lapse)."""
+        try:
+            await self._shut_down()
+        except BaseException:
+            self._cut_short()
+            raise
+
+    def _cut_short(self) -> None:
+        """What a shutdown that did not finish leaves: the heartbeat (which would extend
+        the leases of the jobs given up for as long as the loop runs), the scheduler and
+        the handlers' tasks, cancelled; the settle task acks what finished and ends; the
+        jobs forgotten."""
+        heartbeat = self._helpers[0] if self._helpers else None
+        for task in [heartbeat, self._scheduler, *self._jobs.values()]:
+            if task is not None:
+                task.cancel()
+        self._settle_stop = True
+        self._settle_wake.set()
+        left = len(self._jobs)
+        self._jobs.clear()
+        self.stats.in_flight = 0
+        self._scheduler = None
+        self._stopping.clear()
+        self._restore_signal_handlers()
+        log.warning("async worker of group %s: shutdown cut short; %d record(s) left to their leases", self.group, left)
+
+    async def _shut_down(self) -> None:
         deadline = time.monotonic() + self.grace_s
         if self.prefetch:
             try:  # never run: due again at once for the other workers

@@ -393,7 +393,34 @@ class Worker(WorkerBase):
 
     def _shutdown(self) -> None:
         """Releases the records fetched ahead, lets running handlers finish within the
-        grace period, hands back the rest."""
+        grace period, hands back the rest. Cut short (a second KeyboardInterrupt, signals
+        not handled by the worker): the heartbeat and scheduler threads stop, the settle
+        thread acks what finished and ends, and the jobs still running are left to their
+        leases (due again once they lapse) rather than kept for as long as the process
+        lives."""
+        try:
+            self._shut_down()
+        except BaseException:
+            self._cut_short()
+            raise
+
+    def _cut_short(self) -> None:
+        with self._slots:
+            left = list(self._jobs)
+            for job in left:
+                job.abandoned = True  # (the heartbeat stops anyway; a handler ends as it will)
+        self._done.set()
+        self._scheduler_stop.set()
+        with self._settle:
+            self._settle_stop = True
+            self._settle.notify_all()
+        for _ in range(self.concurrency):
+            self._queue.put(None)
+        self._stopping.clear()
+        self._restore_signal_handlers()
+        log.warning("worker of group %s: shutdown cut short; %d record(s) left to their leases", self.group, len(left))
+
+    def _shut_down(self) -> None:
         deadline = time.monotonic() + self.grace_s
         if self.prefetch:
             try:  # never run: due again at once for the other workers

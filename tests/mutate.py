@@ -645,6 +645,17 @@ MUTATIONS: list[Mutation] = [
              "            extra = {}\n",
              "tests/test_worker_prefetch.py -k shard_subset",
              "a worker of some shards ignores its prefetch"),
+    mutation("WS1", "1", "felix_redis/aioworker.py",
+             "            await self._shut_down()\n        except BaseException:\n            self._cut_short()\n",
+             "            await self._shut_down()\n        except BaseException:\n            pass\n",
+             "tests/test_worker.py -k async_worker_cancelled_again",
+             "an AsyncWorker cancelled again in its shutdown leaves its heartbeat extending the given-up leases"),
+    mutation("WS2", "1", "felix_redis/worker.py",
+             "            job.abandoned = True  # (the heartbeat stops anyway; a handler ends as it will)\n"
+             "        self._done.set()\n",
+             "            job.abandoned = True  # (the heartbeat stops anyway; a handler ends as it will)\n",
+             "tests/test_worker.py -k worker_interrupted_again",
+             "a Worker interrupted again in its shutdown keeps its heartbeat thread extending the given-up leases"),
 ]
 
 

@@ -733,6 +733,105 @@ def test_async_worker_cancelled_during_a_handler_on_the_loops_task_hands_it_back
     assert (info.in_flight, info.owed) == (0, 1)
 
 
+def test_async_worker_cancelled_again_during_its_shutdown_leaves_nothing_running(
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient]
+) -> None:
+    """A second cancellation while the shutdown waits out ``grace_s`` (what anyio's and
+    TaskGroup's cancel scopes do: they cancel again at each await) ends run() at once,
+    and nothing of the worker goes on: the heartbeat no longer extends the lease of the
+    job it gave up (the record is due again once the lease lapses, at-least-once), the
+    handler's task is cancelled, the settle task ends."""
+    c = worker_group(vt_ms=400)
+    c.publish(T, N, S, "slow")
+    cancelled: list[bytes] = []
+
+    async def handler(record: Record) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(record.payload)
+            raise
+
+    async def main() -> tuple[AsyncWorker, list[asyncio.Task[Any]], list[int]]:
+        async with aclient() as client:
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=1, poll_wait_s=0.1, grace_s=10,
+                            handle_signals=False)
+            task = asyncio.create_task(w.run())
+            deadline = time.monotonic() + 5
+            while w.stats.in_flight == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert w.stats.in_flight == 1
+            task.cancel()  # the shutdown now waits up to grace_s for the handler
+            await asyncio.sleep(0.2)
+            assert not task.done()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 2)
+            helpers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.sleep(0.05)  # the cancelled tasks run their last step
+            left = [t for t in helpers if not t.done()]
+            # the lease is no longer extended: another consumer gets the record once it lapses
+            attempts: list[int] = []
+            deadline = time.monotonic() + 5
+            while not attempts and time.monotonic() < deadline:
+                attempts = [r.attempts for r in await client.group_poll(T, N, S, 0, G, wait=0.5)]
+            return w, left, attempts
+
+    w, left, attempts = asyncio.run(main())
+    assert left == [] and cancelled == [b"slow"]
+    assert attempts == [2]
+    assert w.stats.in_flight == 0
+
+
+def test_worker_interrupted_again_during_its_shutdown_stops_its_heartbeat(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    """A second KeyboardInterrupt (signals not handled by the worker) while the shutdown
+    waits out ``grace_s``: run() ends, and the heartbeat thread stops with it, so the
+    lease of the job it gave up lapses (the record is due again) rather than being
+    extended for as long as the process lives."""
+    import os
+    import signal
+
+    c = worker_group(vt_ms=400)
+    c.publish(T, N, S, "slow")
+    release = threading.Event()
+    w = Worker(c, T, N, S, G, lambda record: release.wait(10), concurrency=1, poll_wait_s=0.1, grace_s=10,
+               handle_signals=False)
+    interrupts: list[float] = []
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 5
+        while w.stats.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(2):  # the second while the shutdown waits for the handler
+            interrupts.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            w.run()
+        assert len(interrupts) == 2 and time.monotonic() - interrupts[1] < 2  # not a grace period later
+    finally:
+        thread.join(5)
+        signal.signal(signal.SIGINT, old)
+    try:
+        heartbeat = next(t for t in w._threads if t.name == "felix-heartbeat")
+        heartbeat.join(2)
+        assert not heartbeat.is_alive()
+        attempts: list[int] = []
+        deadline = time.monotonic() + 5
+        while not attempts and time.monotonic() < deadline:
+            attempts = [r.attempts for r in c.group_poll(T, N, S, 0, G, wait=0.5)]
+        assert attempts == [2]
+    finally:
+        release.set()
+
+
 # -- CLI wiring
 
 
