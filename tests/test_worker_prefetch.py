@@ -14,12 +14,14 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
 
 import felix_redis
 import felix_redis.asyncio as aio
 from felix_redis import InvalidArgument, Record
 from felix_redis._driver import ShardedGroupBase
 from felix_redis.aioworker import AsyncWorker
+from felix_redis.metrics import WorkerMetrics
 from felix_redis.worker import Worker
 from felixctl.common import Ctl
 from felixctl.worker_cmd import worker as worker_cmd
@@ -66,10 +68,9 @@ def test_a_prefetching_worker_runs_every_record_once_in_fewer_polls(
         assert len(polls) >= 100, len(polls)  # 4 free slots a poll
 
 
-def test_stop_releases_what_the_worker_fetched_and_never_ran(
-    worker_group: Callable[..., felix_redis.Client],
-) -> None:
-    c = worker_group()  # leases of 30 s: only a release makes them due now
+def stopped_with_eight_fetched(c: felix_redis.Client, metrics: WorkerMetrics | None = None) -> Worker:
+    """A worker of one slot and a prefetch of 8, stopped while its first job runs: one
+    record handed back, the other seven fetched ahead and released."""
     c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
     started, release = threading.Event(), threading.Event()
 
@@ -78,12 +79,20 @@ def test_stop_releases_what_the_worker_fetched_and_never_ran(
         release.wait(10)
 
     w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=8, grace_s=0.2, poll_wait_s=0.1,
-               handle_signals=False)
+               handle_signals=False, metrics=metrics)
     with running(w, release) as thread:
         assert started.wait(5)
         w.stop()
         thread.join(5)
         assert not thread.is_alive()
+    return w
+
+
+def test_stop_releases_what_the_worker_fetched_and_never_ran(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    c = worker_group()  # leases of 30 s: only a release makes them due now
+    w = stopped_with_eight_fetched(c)
     assert (w.stats.processed, w.stats.handed_back) == (0, 1)
     again = c.group_poll(T, N, S, 0, G, max_records=16)
     # the one that ran was handed back, the seven fetched ahead released: all due now
@@ -214,20 +223,11 @@ def test_stopping_releases_a_record_on_its_last_attempt_as_a_dead_letter_and_cou
     worker_group: Callable[..., felix_redis.Client],
 ) -> None:
     c = worker_group(max_attempts=1)
-    c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
-    started, release = threading.Event(), threading.Event()
-
-    def handler(record: Record) -> None:
-        started.set()
-        release.wait(10)
-
-    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=8, grace_s=0.2, poll_wait_s=0.1,
-               handle_signals=False)
-    with running(w, release) as thread:
-        assert started.wait(5)
-        w.stop()
-        thread.join(5)
+    registry = CollectorRegistry()
+    w = stopped_with_eight_fetched(c, WorkerMetrics(registry))
     # fetched on their only allowed attempt: released, they are dead letters (said in
     # docs/worker.md, counted, logged), as is the one handed back
     assert w.stats.dead_lettered == 8
+    labels = {"tenant": T, "namespace": N, "stream": S, "group": G}
+    assert registry.get_sample_value("felix_worker_jobs_dead_lettered_total", labels) == 8
     assert c.group_describe(T, N, S, G).dead == 8
