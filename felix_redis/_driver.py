@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -401,6 +402,7 @@ class ShardedGroupBase:
             prefetch, "prefetch", 1, MAX_RECORDS_PER_POLL)
         self._buffer: list[Item] = []
         self._buffer_lock = threading.Lock()  # two threads polling one group take none twice
+        self._buffer_pid = os.getpid()  # a forked child neither hands out nor releases its parent's
         #: time.monotonic() before the fetch that brought the oldest record in the buffer
         #: (its lease runs from then)
         self.fetched_at = 0.0
@@ -451,6 +453,7 @@ class ShardedGroupBase:
         meanwhile."""
         if len(items) > max_records:
             with self._buffer_lock:
+                self._own_buffer()
                 if not self._buffer:
                     self.fetched_at = sent
                 self._buffer.extend(items[max_records:])
@@ -460,30 +463,34 @@ class ShardedGroupBase:
     def _take_buffer(self) -> list[Item]:
         """Empties the buffer (at close: its records are released)."""
         with self._buffer_lock:
+            self._own_buffer()
             held, self._buffer = self._buffer, []
         return held
 
-    def _release_plan(self, items: list[Item]) -> Plan[list[str]]:
-        """Releases ``items`` (fetched ahead, never handed out): one round trip; what was
-        not released is logged. Returns the claims that became dead letters (fetched on
-        their last allowed attempt), logged too."""
+    def _own_buffer(self) -> None:
+        """In a forked child (the sync client's fork hook does this for the groups it
+        tracks; this covers the rest, and asyncio's), the parent's records fetched ahead
+        are dropped, neither handed out nor released: they are the parent's. Called
+        under ``_buffer_lock``."""
+        if self._buffer_pid != (pid := os.getpid()):
+            self._buffer, self._buffer_pid = [], pid
+
+    def _release_plan(self, items: list[Item]) -> Plan[None]:
+        """Releases ``items`` (fetched ahead, never handed out; their deliveries are not
+        counted): one round trip; what was not released is logged."""
         try:
-            failed, dead = yield from self._core.release_sharded(
+            failed = yield from self._core.release_sharded(
                 self.tenant, self.namespace, self.group, self._by_target(items))
         except FelixError as exc:  # the stream or group could not be read
-            failed, dead = [(item.record.claim, exc) for item in items], []
+            failed = [(item.record.claim, exc) for item in items]
         for claim, why in failed:
             log.warning("record %s fetched ahead by group %s and not handed out was not released: %s",
                         claim, self.group, why)
-        for claim in dead:
-            log.warning("record %s fetched ahead by group %s on its last allowed attempt and not handed out "
-                        "became a dead letter when released", claim, self.group)
-        return dead
 
     @property
     def fetched_ahead(self) -> int:
         """Records a prefetching group fetched and has not handed out yet (leased to it)."""
-        return len(self._buffer)
+        return len(self._buffer) if self._buffer_pid == os.getpid() else 0
 
     def _check_ref(self, item: Ref) -> None:
         if type(item) is not Item or item.stream not in self._index:
@@ -505,6 +512,7 @@ class ShardedGroupBase:
         """Up to ``max_records`` records fetched ahead (taken last, after everything that
         can raise or be cancelled: they are not lost to the caller)."""
         with self._buffer_lock:
+            self._own_buffer()
             taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
         return taken
 

@@ -701,16 +701,6 @@ class WorkerBase:
                 wait = min(wait, ticked.wait_s)
         yield Call(self._schedule_idle, max(TICK_MIN_S, wait))
 
-    def _released_dead(self, claims: list[str]) -> None:
-        """Records released at shutdown (fetched ahead, never run) that became dead
-        letters, their claims ``"<stream> <shard>:<offset>:<attempts>"``: counted as the
-        worker's dead letters, in its stats and per stream in its metrics."""
-        with self._stats_lock:
-            self.stats.dead_lettered += len(claims)
-            if self._metrics is not None:
-                for claim in claims:
-                    self._metrics[claim.split(" ", 1)[0]].count("dead")
-
     def _outcome(self, item: Item, outcome: str, duration: float, detail: str = "", failed: bool = False) -> None:
         metrics = None if self._metrics is None else self._metrics[item.stream]
         with self._stats_lock:

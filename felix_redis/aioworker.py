@@ -357,7 +357,7 @@ class AsyncWorker(WorkerBase):
         deadline = time.monotonic() + self.grace_s
         if self.prefetch:
             try:  # never run: due again at once for the other workers
-                self._released_dead(await self._source._release_buffer())
+                await self._source._release_buffer()
             except FelixError as exc:
                 log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         tasks = [task for task in self._jobs.values() if task is not None]

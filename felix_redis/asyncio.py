@@ -880,7 +880,9 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         if self._buffer:
             for ref in self._checked_refs(ack):
                 await self.ack(ref, wait=False)
-            return self._from_buffer(max_records)
+            if taken := self._from_buffer(max_records):
+                return taken
+            ack = None  # another poll took the last of them (or a forked child's): fetch, the acks queued
         sent = time.monotonic()
         items = self._fetched(await self._poll_now(max(max_records, self.prefetch), wait, ack), max_records, sent)
         if self._buffer:
@@ -939,10 +941,10 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         await self._release_buffer()
         await self.flush()
 
-    async def _release_buffer(self) -> list[str]:
-        """Releases the records fetched ahead; returns those that became dead letters."""
-        held = self._take_buffer()
-        return await self._client._drive(self._release_plan(held)) if held else []
+    async def _release_buffer(self) -> None:
+        """Releases the records fetched ahead."""
+        if held := self._take_buffer():
+            await self._client._drive(self._release_plan(held))
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

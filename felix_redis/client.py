@@ -1078,7 +1078,9 @@ class ShardedGroup(ShardedGroupBase):
         if self._buffer:
             for ref in self._checked_refs(ack):
                 self.ack(ref, wait=False)
-            return self._from_buffer(max_records)
+            if taken := self._from_buffer(max_records):
+                return taken
+            ack = None  # another poll took the last of them (or a forked child's): fetch, the acks queued
         sent = time.monotonic()
         items = self._fetched(self._poll_now(max(max_records, self.prefetch), wait, ack), max_records, sent)
         if self._buffer:
@@ -1146,10 +1148,10 @@ class ShardedGroup(ShardedGroupBase):
         self._release_buffer()
         self.flush()
 
-    def _release_buffer(self) -> list[str]:
-        """Releases the records fetched ahead; returns those that became dead letters."""
-        held = self._take_buffer()
-        return self._client._drive(self._release_plan(held)) if held else []
+    def _release_buffer(self) -> None:
+        """Releases the records fetched ahead."""
+        if held := self._take_buffer():
+            self._client._drive(self._release_plan(held))
 
     def __enter__(self) -> ShardedGroup:
         return self

@@ -84,10 +84,6 @@ class BoundWorkerMetrics:
     def released(self) -> None:
         self._in_flight.dec()
 
-    def count(self, outcome: str, n: int = 1) -> None:
-        """``n`` records settled with ``outcome`` that no handler ran (no duration)."""
-        self._by_outcome[outcome].inc(n)
-
     def finished(self, outcome: str, duration_s: float, failed: bool) -> None:
         if outcome != "handed_back":
             self._duration.observe(duration_s)

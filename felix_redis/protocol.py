@@ -1226,30 +1226,30 @@ class Core:
 
     def release_sharded(
         self, tenant: str, namespace: str, group: str, by_target: dict[tuple[str, int], list[Any]]
-    ) -> Plan[tuple[list[tuple[str, FelixError]], list[str]]]:
+    ) -> Plan[list[tuple[str, FelixError]]]:
         """Hands back records a consumer holds and did not hand to its caller (a sharded
-        group's records fetched ahead, at close): a nack with no delay each, every shard
-        and stream in one round trip. Returns the claims not released, with why (a lease
-        that lapsed meanwhile: the record is someone else's now; a lost connection: it
-        comes again after its lease), and those that became dead letters (fetched on
-        their last allowed attempt: the nack found it spent)."""
+        group's records fetched ahead, at close): a release each (``group_nack`` with no
+        delay and ``release``: the delivery is not counted, so the next one says the same
+        attempts and none becomes a dead letter), every shard and stream in one round
+        trip. Returns the claims not released, with why (a lease that lapsed meanwhile:
+        the record is someone else's now; a lost connection: it comes again after its
+        lease)."""
         calls, claims = [], []
         for (stream, shard), refs in by_target.items():
             _name, settings, shard, keys, context = self.cache.group_target(tenant, namespace, stream, shard, group) \
                 or (yield from self.group_op(tenant, namespace, stream, shard, group))
             for ref in refs:
                 target = resolve(ref, shard, need_attempts=True)
-                calls.append(Eval("group_nack", keys, [target.offset, target.attempts, 0], context, settings.replicas))
+                release = [target.offset, target.attempts, 0, 1]  # (group_nack's release: not counted)
+                calls.append(Eval("group_nack", keys, release, context, settings.replicas))
                 claims.append(f"{stream} {shard}:{target.offset}:{target.attempts}")
         if not calls:
-            return [], []
+            return []
         try:
             replies = yield Batch(calls)
         except FelixError as exc:  # the driver gave up on the round trip
             replies = [exc] * len(calls)
-        pairs = list(zip(claims, replies, strict=True))
-        return ([(claim, reply) for claim, reply in pairs if isinstance(reply, FelixError)],
-                [claim for claim, reply in pairs if not isinstance(reply, FelixError) and int(reply) == 2])
+        return [(claim, reply) for claim, reply in zip(claims, replies, strict=True) if isinstance(reply, FelixError)]
 
     def group_ack(
         self, tenant: str, namespace: str, stream: str, shard: int, group: str, refs: Iterable[object]
@@ -1286,7 +1286,7 @@ class Core:
             tenant, namespace, stream, shard, group)
         target = resolve(ref, shard, need_attempts=True)
         reply = yield Eval(
-            "group_nack", keys, [target.offset, target.attempts, delay_ms], context, settings.replicas
+            "group_nack", keys, [target.offset, target.attempts, delay_ms, ""], context, settings.replicas
         )
         return int(reply) == 2
 

@@ -424,7 +424,7 @@ class Worker(WorkerBase):
         deadline = time.monotonic() + self.grace_s
         if self.prefetch:
             try:  # never run: due again at once for the other workers
-                self._released_dead(self._source._release_buffer())
+                self._source._release_buffer()
             except FelixError as exc:
                 log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         with self._slots:

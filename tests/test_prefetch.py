@@ -112,6 +112,27 @@ def test_bad_arguments_take_nothing_fetched_ahead(redis_client: felix_redis.Clie
     assert unfinished(redis_client) == 12
 
 
+def test_a_release_does_not_count_the_delivery(redis_client: felix_redis.Client) -> None:
+    """A record fetched ahead and released at close was never handed to the caller: its
+    next delivery says the same attempts as the one released (a retry's too), and it
+    never becomes a dead letter for it, however often a process fetches and exits."""
+    redis_client.stream_create(T, N, S)
+    redis_client.group_create(T, N, S, G, max_attempts=2)
+    redis_client.publish_batch(T, N, S, [f"r{i}" for i in range(4)])
+    for record in redis_client.group_poll(T, N, S, 0, G, max_records=4):
+        redis_client.group_nack(T, N, S, 0, G, record)  # attempts 1 spent: the next is 2, the last
+    for turn in range(3):
+        group = redis_client.group_sharded(T, N, S, G, prefetch=4)
+        held = group.poll(1)
+        assert [i.attempts for i in held] == [2] and group.fetched_ahead == 3 - turn
+        group.nack(held[0])  # its last attempt: a dead letter
+        group.close()
+    info = redis_client.group_describe(T, N, S, G)
+    assert info.dead == 3
+    last = redis_client.group_sharded(T, N, S, G).poll(4)
+    assert [i.attempts for i in last] == [2]
+
+
 def test_close_releases_what_was_fetched_ahead(redis_client: felix_redis.Client) -> None:
     make(redis_client, 16, shards=2)  # leases of 30 s: only a release hands them out now
     group = redis_client.group_sharded(T, N, S, G, prefetch=16)
@@ -121,11 +142,12 @@ def test_close_releases_what_was_fetched_ahead(redis_client: felix_redis.Client)
     group.close()
     assert group.fetched_ahead == 0 and group.queued_acks == 0
     other = redis_client.group_sharded(T, N, S, G).poll(16)
-    # the 12 never handed out are due again at once (their delivery counted); the two
-    # handed out and not acked stay leased to the first holder
+    # the 12 never handed out are due again at once, their delivery not counted (the
+    # next says attempts 1 again); the two handed out and not acked stay leased to the
+    # first holder
     assert sorted(i.payload for i in other) == sorted({f"r{i}".encode() for i in range(16)}
                                                        - {i.payload for i in held})
-    assert {i.attempts for i in other} == {2}
+    assert {i.attempts for i in other} == {1}
     assert unfinished(redis_client) == 14
 
 
@@ -161,7 +183,8 @@ def test_a_process_that_ends_with_records_fetched_ahead_has_them_delivered_again
         time.sleep(1.2)
     # else released at the interpreter's exit or the client's close: due again at once
     again = group.poll(8)
-    assert len(again) == 6 and {i.attempts for i in again} == {2}
+    # a lapsed lease counts the delivery; a release does not
+    assert len(again) == 6 and {i.attempts for i in again} == ({2} if end == "killed" else {1})
     for item in again:
         group.ack(item)
     assert unfinished(redis_client) == 0  # the two acked and the six again: none lost
@@ -257,7 +280,7 @@ def test_a_group_dropped_while_holding_records_is_released_by_the_clients_close(
 
         asyncio.run(run())
     again = redis_client.group_sharded(T, N, S, G).poll(8)
-    assert len(again) == 6 and {i.attempts for i in again} == {2}
+    assert len(again) == 6 and {i.attempts for i in again} == {1}
 
 
 def test_close_releases_what_was_fetched_ahead_in_one_round_trip(
@@ -343,3 +366,69 @@ def test_asyncio_a_cancelled_poll_keeps_what_was_fetched_ahead_and_its_acks(
 
     asyncio.run(run())
     assert unfinished(redis_client) == 12  # the 4 acked; 12 released, due again
+
+
+@pytest.mark.parametrize("bad", ["2", "yes", "0"])
+def test_a_crafted_release_flag_is_refused_and_changes_nothing(redis_client: felix_redis.Client, bad: str) -> None:
+    """group_nack's release argument, crafted past the client: anything but '1' or ''
+    is refused (FELIX_INVALID naming it) before any write; the lease stands."""
+    from redis.exceptions import ResponseError
+
+    from tests.support.scripts import run_script
+
+    make(redis_client, 1, shards=1)
+    record = redis_client.group_poll(T, N, S, 0, G)[0]
+    cache = redis_client.core.cache
+    keys = list(cache.group_shard_keys(cache.name(T, N, S), 0, G)[0])
+    before = redis_client.group_describe(T, N, S, G)
+    with pytest.raises(ResponseError, match=r"FELIX_INVALID.*release"):
+        run_script(redis_client, "group_nack", keys, [record.offset, record.attempts, 0, bad])
+    after = redis_client.group_describe(T, N, S, G)
+    assert (after.in_flight, after.owed, after.dead) == (before.in_flight, before.owed, before.dead) == (1, 0, 0)
+
+
+def test_a_poll_that_finds_the_buffer_emptied_under_it_fetches(redis_client: felix_redis.Client) -> None:
+    """Two threads polling one group: one saw records fetched ahead, the other took the
+    last of them before it could. It fetches (a round trip, with its acks) rather than
+    return nothing while records are due (``wait`` applies when the buffer is empty)."""
+    make(redis_client, 12, shards=1)
+    group = redis_client.group_sharded(T, N, S, G, prefetch=4)
+    first = group.poll(2)
+    assert len(first) == 2 and group.fetched_ahead == 2
+    other: list[Any] = []
+    checked = group._checked_refs
+
+    def racing(ack: Any) -> Any:  # the other thread, between the look and the take
+        other.extend(group._from_buffer(16))
+        return checked(ack)
+
+    group._checked_refs = racing  # type: ignore[method-assign]
+    got = group.poll(2, wait=3.0, ack=first)
+    assert len(other) == 2
+    assert len(got) == 2 and {i.payload for i in got}.isdisjoint({i.payload for i in first + other})
+    group.flush()
+    assert unfinished(redis_client) == 12 - 2  # the acks given went with the fetch
+
+
+def test_an_asyncio_groups_forked_child_holds_none_of_its_parents_records(
+    redis_client: felix_redis.Client, redis_url: str
+) -> None:
+    """As the sync client's: a forked child neither hands out nor releases the records
+    its parent fetched ahead; the parent hands them out."""
+    make(redis_client, 8, shards=1)
+
+    async def main() -> tuple[int, int]:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G, prefetch=8)
+        assert len(await group.poll(2)) == 2 and group.fetched_ahead == 6
+        pid = os.fork()
+        if pid == 0:  # the child: nothing held, nothing to hand out or release
+            held = group.fetched_ahead, group._from_buffer(6), group._take_buffer()
+            os._exit(0 if held == (0, [], []) else 1)
+        _, status = os.waitpid(pid, 0)
+        rest = await group.poll(6)
+        await client.close()
+        return status, len(rest)
+
+    status, rest = asyncio.run(main())
+    assert status == 0 and rest == 6

@@ -97,7 +97,8 @@ def test_stop_releases_what_the_worker_fetched_and_never_ran(
     again = c.group_poll(T, N, S, 0, G, max_records=16)
     # the one that ran was handed back, the seven fetched ahead released: all due now
     assert sorted(r.payload for r in again) == [f"r{i}".encode() for i in range(8)]
-    assert {r.attempts for r in again} == {2}
+    # the one that ran counts its delivery; the released ones' are not counted
+    assert {r.payload: r.attempts for r in again} == {b"r0": 2, **{f"r{i}".encode(): 1 for i in range(1, 8)}}
 
 
 def test_async_worker_prefetches_and_releases_at_stop(
@@ -219,15 +220,18 @@ def test_the_heartbeat_counts_a_lease_from_the_fetch(
     assert w.stats.processed == 2
 
 
-def test_stopping_releases_a_record_on_its_last_attempt_as_a_dead_letter_and_counts_it(
+def test_a_record_released_on_its_last_attempt_is_not_a_dead_letter(
     worker_group: Callable[..., felix_redis.Client],
 ) -> None:
     c = worker_group(max_attempts=1)
     registry = CollectorRegistry()
     w = stopped_with_eight_fetched(c, WorkerMetrics(registry))
-    # fetched on their only allowed attempt: released, they are dead letters (said in
-    # docs/worker.md, counted, logged), as is the one handed back
-    assert w.stats.dead_lettered == 8
+    # fetched on their only allowed attempt and released: their delivery is not
+    # counted, so none is a dead letter; the one handed back (it ran) is
+    assert w.stats.dead_lettered == 1
     labels = {"tenant": T, "namespace": N, "stream": S, "group": G}
-    assert registry.get_sample_value("felix_worker_jobs_dead_lettered_total", labels) == 8
-    assert c.group_describe(T, N, S, G).dead == 8
+    assert registry.get_sample_value("felix_worker_jobs_dead_lettered_total", labels) == 1
+    assert c.group_describe(T, N, S, G).dead == 1
+    again = c.group_poll(T, N, S, 0, G, max_records=16)
+    assert sorted(r.payload for r in again) == [f"r{i}".encode() for i in range(1, 8)]
+    assert {r.attempts for r in again} == {1}
