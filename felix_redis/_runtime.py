@@ -58,6 +58,10 @@ UNSETTLED = "unsettled"
 
 #: Tries of one ack call before its jobs are reported unsettled.
 ACK_TRIES = 3
+#: Records fetched ahead that waited in the buffer until this little of their lease was
+#: left (a fraction of the visibility timeout; at least two heartbeat ticks) are released,
+#: not run (:meth:`WorkerBase._late_after`)
+LATE_MARGIN = 0.2
 #: Most finished jobs one ack call carries.
 ACK_BATCH = 1000
 
@@ -551,6 +555,15 @@ class WorkerBase:
         if not items and self.burst:
             yield Call(self._burst_check)
 
+    def _late_after(self) -> float:
+        """How long records fetched ahead may wait in the buffer (counted from before
+        the fetch was sent: their leases began later): all but ``LATE_MARGIN`` of the
+        group's visibility timeout (the shortest of its streams'), or two heartbeat
+        ticks. A record handed out before that has at least two ticks of its lease left,
+        and the heartbeat extends it within one (it counts the lease from the fetch)."""
+        lease_s = self.visibility_timeout_s
+        return lease_s - max(LATE_MARGIN * lease_s, 2 * self._heartbeat_timing()[1])
+
     def _burst_stop(self) -> None:
         log.info("burst: nothing due, stopping stream=%s group=%s", self._where, self.group)
         self._stopping.set()
@@ -639,8 +652,21 @@ class WorkerBase:
 
     def _heartbeat_plan(self, jobs: Iterable[Job], every: float) -> Plan:
         """Extends the lease of each running job once ``every`` seconds have passed since
-        the last extension; a thread past the hard limit is left to lapse."""
+        the last extension; a thread past the hard limit is left to lapse. Releases the
+        records fetched ahead once they waited most of their lease in the buffer
+        (:meth:`_late_after`): not run, since a lease could lapse before the heartbeat's
+        first extension and another consumer run the record too; due at once for any
+        consumer instead, not counted."""
         now = time.monotonic()
+        if self.prefetch and self._source.fetched_ahead and now - self._source.fetched_at >= self._late_after() \
+                and (late := self._source._take_buffer()):
+            log.warning("%d record(s) fetched ahead by worker of group %s waited in its buffer for most of their "
+                        "lease: released, not run (a smaller prefetch or a longer visibility timeout avoids it)",
+                        len(late), self.group)
+            try:
+                yield Call(self._source._release, late)
+            except FelixError as exc:
+                log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
         for job in jobs:
             if job.state != "running" or job.abandoned or now - job.renewed < every:
                 continue

@@ -946,6 +946,10 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         if held := self._take_buffer():
             await self._client._drive(self._release_plan(held))
 
+    async def _release(self, items: list[Item]) -> None:
+        """Releases ``items``, taken from what was fetched ahead and never handed out."""
+        await self._client._drive(self._release_plan(items))
+
     async def __aenter__(self) -> AsyncShardedGroup:
         return self
 

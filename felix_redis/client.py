@@ -1153,6 +1153,10 @@ class ShardedGroup(ShardedGroupBase):
         if held := self._take_buffer():
             self._client._drive(self._release_plan(held))
 
+    def _release(self, items: list[Item]) -> None:
+        """Releases ``items``, taken from what was fetched ahead and never handed out."""
+        self._client._drive(self._release_plan(items))
+
     def __enter__(self) -> ShardedGroup:
         return self
 

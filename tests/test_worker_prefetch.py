@@ -235,3 +235,71 @@ def test_a_record_released_on_its_last_attempt_is_not_a_dead_letter(
     again = c.group_poll(T, N, S, 0, G, max_records=16)
     assert sorted(r.payload for r in again) == [f"r{i}".encode() for i in range(1, 8)]
     assert {r.attempts for r in again} == {1}
+
+
+def test_a_record_that_waited_most_of_its_lease_fetched_ahead_is_released_not_run(
+    worker_group: Callable[..., felix_redis.Client],
+) -> None:
+    """A prefetch too large for the lease (8 records of 0.25 s a slot, leases of 1 s):
+    the records that waited in the buffer until little of their lease was left are
+    released (due at once, not counted), not run, so no record runs in this worker and
+    in another consumer at once; every record runs once."""
+    c = worker_group(vt_ms=1_000)
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
+    ran: list[bytes] = []
+    taken: list[bytes] = []
+    done = threading.Event()
+
+    def handler(record: Record) -> None:
+        ran.append(record.payload)
+        time.sleep(0.25)
+        if len(ran) + len(taken) >= 8:
+            done.set()
+
+    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=8, poll_wait_s=0.1, grace_s=1,
+               handle_signals=False)
+    with running(w, done) as thread:
+        deadline = time.monotonic() + 10
+        while not done.is_set() and time.monotonic() < deadline:
+            for record in c.group_poll(T, N, S, 0, G, max_records=1):  # another consumer
+                taken.append(record.payload)
+                c.group_ack(T, N, S, 0, G, record)
+            if len(ran) + len(taken) >= 8:
+                done.set()
+            time.sleep(0.05)
+        w.stop()
+        thread.join(5)
+    assert set(ran).isdisjoint(taken), (ran, taken)
+    assert sorted(ran + taken) == [f"r{i}".encode() for i in range(8)]
+    assert 0 < len(ran) < 8  # the first ran here; the late ones were released
+
+
+def test_the_async_worker_releases_a_record_that_waited_most_of_its_lease(
+    worker_group: Callable[..., felix_redis.Client], aclient: Callable[[], aio.AsyncClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same in the AsyncWorker: the late records are released (and run once, after
+    a fetch of their own), with the lease's first delivery count."""
+    c = worker_group(vt_ms=1_000)
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(8)])
+    ran: list[tuple[bytes, int]] = []
+
+    async def handler(record: Record) -> None:
+        ran.append((record.payload, record.attempts))
+        await asyncio.sleep(0.25)
+
+    async def main() -> None:
+        async with aclient() as client:
+            w = AsyncWorker(client, T, N, S, G, handler, concurrency=1, prefetch=8, poll_wait_s=0.1,
+                            handle_signals=False)
+            task = asyncio.create_task(w.run())
+            deadline = time.monotonic() + 10
+            while w.stats.processed < 8 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            w.stop()
+            await asyncio.wait_for(task, 5)
+
+    with caplog.at_level("WARNING", logger="felix_redis"):
+        asyncio.run(main())
+    assert sorted(ran) == [(f"r{i}".encode(), 1) for i in range(8)]  # once each, no delivery counted twice
+    assert "released, not run" in caplog.text
