@@ -312,7 +312,7 @@ class FelixSharded(Felix):
     uses = ("group_sharded", "publish_batch")
 
     def scenarios(self) -> list[Scenario]:
-        return RedisSystem.scenarios(self)[1:3]
+        return RedisSystem.scenarios(self)[1:4]
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
@@ -364,7 +364,7 @@ class FelixWorker(Felix):
     prefetch_per_slot = 0
 
     def scenarios(self) -> list[Scenario]:
-        return RedisSystem.scenarios(self)[1:3]
+        return RedisSystem.scenarios(self)[1:4]
 
     def worker(self, ctx: WorkerContext, variant: str) -> None:
         client = _connect(self.cfg.redis_url)
