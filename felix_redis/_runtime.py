@@ -522,6 +522,10 @@ class WorkerBase:
             return
         # the lease of a record fetched ahead runs from its fetch: the heartbeat counts from there
         leased_at = self._source.fetched_at if self.prefetch and self._source.fetched_ahead else None
+        if leased_at is not None and time.monotonic() - leased_at >= self._late_after():
+            # waited too long (the heartbeat, which releases them, held up): released, not run
+            yield from self._release_late()
+            leased_at = None
         if finished and leased_at is not None:
             # the poll hands out records fetched ahead, without a round trip for these
             # acks to ride on: the settle thread (or task) acks them, beside this loop, and
@@ -554,6 +558,18 @@ class WorkerBase:
             yield Call(self._dispatch_many, jobs)
         if not items and self.burst:
             yield Call(self._burst_check)
+
+    def _release_late(self) -> Plan:
+        """Releases the records fetched ahead that waited too long (:meth:`_late_after`),
+        by the heartbeat or, should it be held up, by the loop before it hands one out."""
+        if late := self._source._take_buffer():
+            log.warning("%d record(s) fetched ahead by worker of group %s waited in its buffer for most of their "
+                        "lease: released, not run (a smaller prefetch or a longer visibility timeout avoids it)",
+                        len(late), self.group)
+            try:
+                yield Call(self._source._release, late)
+            except FelixError as exc:
+                log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
 
     def _late_after(self) -> float:
         """How long records fetched ahead may wait in the buffer (counted from before
@@ -658,15 +674,8 @@ class WorkerBase:
         first extension and another consumer run the record too; due at once for any
         consumer instead, not counted."""
         now = time.monotonic()
-        if self.prefetch and self._source.fetched_ahead and now - self._source.fetched_at >= self._late_after() \
-                and (late := self._source._take_buffer()):
-            log.warning("%d record(s) fetched ahead by worker of group %s waited in its buffer for most of their "
-                        "lease: released, not run (a smaller prefetch or a longer visibility timeout avoids it)",
-                        len(late), self.group)
-            try:
-                yield Call(self._source._release, late)
-            except FelixError as exc:
-                log.warning("records fetched ahead by worker of group %s not released: %s", self.group, exc)
+        if self.prefetch and self._source.fetched_ahead and now - self._source.fetched_at >= self._late_after():
+            yield from self._release_late()
         for job in jobs:
             if job.state != "running" or job.abandoned or now - job.renewed < every:
                 continue

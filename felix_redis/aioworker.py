@@ -346,6 +346,9 @@ class AsyncWorker(WorkerBase):
         self._settle_stop = True
         self._settle_wake.set()
         left = len(self._jobs)
+        if self._metrics:
+            for job in self._jobs:
+                self._metrics[job.item.stream].released()
         self._jobs.clear()
         self.stats.in_flight = 0
         self._scheduler = None

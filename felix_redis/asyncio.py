@@ -937,7 +937,7 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
 
     async def close(self) -> None:
         """As :meth:`felix_redis.ShardedGroup.close`: the records fetched ahead are
-        released (nacked), then the queued acks sent."""
+        released (due at once, not counted), then the queued acks sent."""
         await self._release_buffer()
         await self.flush()
 

@@ -1143,8 +1143,8 @@ class ShardedGroup(ShardedGroupBase):
 
     def close(self) -> None:
         """Sends the queued acks (the group stays usable). With ``prefetch``, the records
-        fetched ahead and not handed out are nacked first: due again at once (the
-        delivery that fetched them counts in their attempts, as any delivery does)."""
+        fetched ahead and not handed out are released first: due again at once, the
+        delivery that fetched them not counted (they never reached the caller)."""
         self._release_buffer()
         self.flush()
 

@@ -164,7 +164,8 @@ class Worker(WorkerBase):
     def _startup(self) -> None:
         self._configure([self.client.group_describe(self.tenant, self.namespace, stream, self.group)
                          for stream in self.streams])
-        self._done.clear()
+        # each run its own: threads of an earlier run cut short never take this run's part
+        self._done = threading.Event()
         self._queue = queue.SimpleQueue()
         self._finished = []
         self._settle_stop = False
@@ -178,9 +179,10 @@ class Worker(WorkerBase):
         )
 
     def _start_threads(self) -> None:
+        jobs, done = self._queue, self._done
         targets: list[tuple[str, Callable[[], None]]] = [
-            (f"felix-handler-{i}", self._handler_thread) for i in range(self.concurrency)]
-        targets += [("felix-heartbeat", self._heartbeat_thread), ("felix-settle", self._settle_thread)]
+            (f"felix-handler-{i}", lambda: self._handler_thread(jobs)) for i in range(self.concurrency)]
+        targets += [("felix-heartbeat", lambda: self._heartbeat_thread(done)), ("felix-settle", self._settle_thread)]
         if self.ticks_schedules:
             self._scheduler_stop = threading.Event()  # one per run: set by stop() and at shutdown
             targets.append(("felix-scheduler", self._scheduler_thread))
@@ -338,9 +340,9 @@ class Worker(WorkerBase):
 
     # -- handler threads
 
-    def _handler_thread(self) -> None:
+    def _handler_thread(self, jobs: queue.SimpleQueue[Job | None]) -> None:
         while True:
-            job = self._queue.get()
+            job = jobs.get()
             if job is None:
                 return
             self._run(job)
@@ -372,9 +374,9 @@ class Worker(WorkerBase):
 
     # -- leases
 
-    def _heartbeat_thread(self) -> None:
+    def _heartbeat_thread(self, done: threading.Event) -> None:
         every, tick = self._heartbeat_timing()
-        while not self._done.wait(tick):
+        while not done.wait(tick):
             with self._slots:
                 jobs = list(self._jobs)
             drive(self._heartbeat_plan(jobs, every))
@@ -407,8 +409,10 @@ class Worker(WorkerBase):
     def _cut_short(self) -> None:
         with self._slots:
             left = list(self._jobs)
-            for job in left:
-                job.abandoned = True  # (the heartbeat stops anyway; a handler ends as it will)
+        # given up: a handler that returns later queues no ack (its record comes back once
+        # the lease lapses); finished ones wait in _finished for the settle thread's ack
+        given_up = [job for job in left if job.settle("given_up")]
+        self._release_many(given_up)
         self._done.set()
         self._scheduler_stop.set()
         with self._settle:
@@ -418,7 +422,8 @@ class Worker(WorkerBase):
             self._queue.put(None)
         self._stopping.clear()
         self._restore_signal_handlers()
-        log.warning("worker of group %s: shutdown cut short; %d record(s) left to their leases", self.group, len(left))
+        log.warning("worker of group %s: shutdown cut short; %d record(s) left to their leases", self.group,
+                    len(given_up))
 
     def _shut_down(self) -> None:
         deadline = time.monotonic() + self.grace_s

@@ -741,9 +741,14 @@ def test_async_worker_cancelled_again_during_its_shutdown_leaves_nothing_running
     and nothing of the worker goes on: the heartbeat no longer extends the lease of the
     job it gave up (the record is due again once the lease lapses, at-least-once), the
     handler's task is cancelled, the settle task ends."""
+    from prometheus_client import CollectorRegistry
+
+    from felix_redis.metrics import WorkerMetrics
+
     c = worker_group(vt_ms=400)
     c.publish(T, N, S, "slow")
     cancelled: list[bytes] = []
+    registry = CollectorRegistry()
 
     async def handler(record: Record) -> None:
         try:
@@ -755,7 +760,7 @@ def test_async_worker_cancelled_again_during_its_shutdown_leaves_nothing_running
     async def main() -> tuple[AsyncWorker, list[asyncio.Task[Any]], list[int]]:
         async with aclient() as client:
             w = AsyncWorker(client, T, N, S, G, handler, concurrency=1, poll_wait_s=0.1, grace_s=10,
-                            handle_signals=False)
+                            handle_signals=False, metrics=WorkerMetrics(registry))
             task = asyncio.create_task(w.run())
             deadline = time.monotonic() + 5
             while w.stats.in_flight == 0 and time.monotonic() < deadline:
@@ -780,7 +785,8 @@ def test_async_worker_cancelled_again_during_its_shutdown_leaves_nothing_running
     w, left, attempts = asyncio.run(main())
     assert left == [] and cancelled == [b"slow"]
     assert attempts == [2]
-    assert w.stats.in_flight == 0
+    labels = {"tenant": T, "namespace": N, "stream": S, "group": G}
+    assert w.stats.in_flight == 0 and registry.get_sample_value("felix_worker_in_flight", labels) == 0
 
 
 def test_worker_interrupted_again_during_its_shutdown_stops_its_heartbeat(
@@ -793,11 +799,16 @@ def test_worker_interrupted_again_during_its_shutdown_stops_its_heartbeat(
     import os
     import signal
 
+    from prometheus_client import CollectorRegistry
+
+    from felix_redis.metrics import WorkerMetrics
+
     c = worker_group(vt_ms=400)
     c.publish(T, N, S, "slow")
     release = threading.Event()
+    registry = CollectorRegistry()
     w = Worker(c, T, N, S, G, lambda record: release.wait(10), concurrency=1, poll_wait_s=0.1, grace_s=10,
-               handle_signals=False)
+               handle_signals=False, metrics=WorkerMetrics(registry))
     interrupts: list[float] = []
 
     def interrupt() -> None:
@@ -826,10 +837,21 @@ def test_worker_interrupted_again_during_its_shutdown_stops_its_heartbeat(
         attempts: list[int] = []
         deadline = time.monotonic() + 5
         while not attempts and time.monotonic() < deadline:
-            attempts = [r.attempts for r in c.group_poll(T, N, S, 0, G, wait=0.5)]
+            got = c.group_poll(T, N, S, 0, G, wait=0.5)
+            attempts = [r.attempts for r in got]
         assert attempts == [2]
+        c.group_ack(T, N, S, 0, G, got[0])
+        # the job given up holds no slot and no gauge, and run() works again
+        labels = {"tenant": T, "namespace": N, "stream": S, "group": G}
+        assert w.stats.in_flight == 0 and registry.get_sample_value("felix_worker_in_flight", labels) == 0
     finally:
         release.set()
+    c.publish_batch(T, N, S, ["again", "again"])
+    with running(w):
+        deadline = time.monotonic() + 5
+        while w.stats.processed < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert w.stats.processed == 2
 
 
 # -- CLI wiring

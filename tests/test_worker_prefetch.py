@@ -303,3 +303,40 @@ def test_the_async_worker_releases_a_record_that_waited_most_of_its_lease(
         asyncio.run(main())
     assert sorted(ran) == [(f"r{i}".encode(), 1) for i in range(8)]  # once each, no delivery counted twice
     assert "released, not run" in caplog.text
+
+
+def test_records_fetched_ahead_are_released_by_the_loop_when_the_heartbeat_is_held_up(
+    worker_group: Callable[..., felix_redis.Client], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heartbeat held up (one extend that takes 1.5 s): the loop itself does not
+    hand out a record that waited in the buffer for most of its lease; it releases
+    them, so no record runs here and in another consumer at once."""
+    c = worker_group(vt_ms=1_000)
+    c.publish_batch(T, N, S, [f"r{i}" for i in range(12)])
+    ran: list[bytes] = []
+    taken: list[bytes] = []
+
+    def handler(record: Record) -> None:
+        ran.append(record.payload)
+        time.sleep(0.15)
+
+    w = Worker(c, T, N, S, G, handler, concurrency=1, prefetch=12, poll_wait_s=0.1, grace_s=1,
+               handle_signals=False)
+    extend = w._group.extend
+    stalls = [1.5]
+
+    def slow_extend(item: Any, by: float | None = None) -> int:
+        if stalls:
+            time.sleep(stalls.pop())
+        return extend(item, by)
+
+    monkeypatch.setattr(w._group, "extend", slow_extend)
+    with running(w):
+        deadline = time.monotonic() + 10
+        while len(set(ran + taken)) < 12 and time.monotonic() < deadline:
+            for record in c.group_poll(T, N, S, 0, G, max_records=1):  # another consumer
+                taken.append(record.payload)
+                c.group_ack(T, N, S, 0, G, record)
+            time.sleep(0.05)
+    assert set(ran).isdisjoint(taken), (ran, taken)
+    assert sorted(set(ran + taken)) == sorted(f"r{i}".encode() for i in range(12))
