@@ -180,9 +180,10 @@ class AckFlusher:
         for group in list(self.groups):
             group._queue_lock = threading.Lock()
         # records fetched ahead are the parent's: the child neither hands them out nor
-        # releases them at its exit
+        # releases them at its exit (each group drops them at its first use in the child:
+        # ShardedGroupBase._own_buffer; their lock is new, a parent thread may have held it)
         for group in self.holding:
-            group._buffer, group._buffer_lock = [], threading.Lock()
+            group._buffer_lock = threading.Lock()
         self.holding = set()
 
 
