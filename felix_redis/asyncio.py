@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -91,6 +92,26 @@ async def _areply(conn: Any) -> Any:
         return await read_reply(conn)
     except ResponseError as exc:
         return exc
+
+
+async def _to_its_end(release: Coroutine[Any, Any, None], group: str) -> None:
+    """Runs ``release`` (a release of records fetched ahead) to its end even when the
+    task awaiting it is cancelled meanwhile (a worker's stop cancelled again, a task
+    group's cancel scope): they are out of the buffer already, so a release cut off
+    before its call went would leave them leased until their lease lapsed, and their
+    next delivery counted. The cancellation is raised at once; the release goes on in
+    its own task, and its failure is logged."""
+    task = asyncio.ensure_future(release)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(functools.partial(_log_release_failure, group))
+        raise
+
+
+def _log_release_failure(group: str, task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("records fetched ahead by group %s and not handed out were not released: %s", group, exc)
 
 
 _Self = TypeVar("_Self", bound="_AwaitsToItself")
@@ -942,13 +963,15 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         await self.flush()
 
     async def _release_buffer(self) -> None:
-        """Releases the records fetched ahead."""
+        """Releases the records fetched ahead (to its end even if the caller is
+        cancelled meanwhile: :func:`_to_its_end`)."""
         if held := self._take_buffer():
-            await self._client._drive(self._release_plan(held))
+            await _to_its_end(self._client._drive(self._release_plan(held)), self.group)
 
     async def _release(self, items: list[Item]) -> None:
-        """Releases ``items``, taken from what was fetched ahead and never handed out."""
-        await self._client._drive(self._release_plan(items))
+        """Releases ``items``, taken from what was fetched ahead and never handed out
+        (to its end even if the caller is cancelled meanwhile)."""
+        await _to_its_end(self._client._drive(self._release_plan(items)), self.group)
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

@@ -432,3 +432,38 @@ def test_an_asyncio_groups_forked_child_holds_none_of_its_parents_records(
 
     status, rest = asyncio.run(main())
     assert status == 0 and rest == 6
+
+
+def test_asyncio_a_release_cancelled_before_its_call_went_still_releases(
+    redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close (an AsyncWorker's stop) cancelled while its release waits for a
+    connection: the records are out of the buffer already, so the release goes on to its
+    end; they are due again at once, their delivery not counted (not left leased until
+    their lease lapses)."""
+    make(redis_client, 8, shards=1)
+
+    async def main() -> None:
+        client = felix_async.connect(redis_url)
+        group = client.group_sharded(T, N, S, G, prefetch=8)
+        assert len(await group.poll(2)) == 2 and group.fetched_ahead == 6
+        real = client._execute
+
+        async def slow(op: Any) -> Any:
+            await asyncio.sleep(0.3)  # the pool slow to hand out a connection: nothing sent yet
+            return await real(op)
+
+        monkeypatch.setattr(client, "_execute", slow)
+        closing = asyncio.ensure_future(group.close())
+        await asyncio.sleep(0.1)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert group.fetched_ahead == 0
+        await asyncio.sleep(0.6)  # the release's own task
+        monkeypatch.setattr(client, "_execute", real)
+        await client.close()
+
+    asyncio.run(main())
+    rest = redis_client.group_sharded(T, N, S, G, consumer="other").poll(8)
+    assert len(rest) == 6 and all(item.record.attempts == 1 for item in rest)
