@@ -298,6 +298,14 @@ class Ring(NamedTuple):
         return wake_points(keys, [0, 0, self.next_offset, self.wake_seq])
 
 
+def _number(text: str, signed: bool = False) -> bool:
+    """``text`` is a decimal integer a ring may carry: at most 18 digits (below 2**63,
+    so every point made of it is a stream ID Redis takes; a ring is written by whoever
+    may ring the bell, so a forged one must not make a block fail), ``signed``: or -1."""
+    if signed and text == "-1":
+        return True
+    return text.isdigit() and text.isascii() and len(text) <= 18
+
 def read_ring(popped: Any) -> Ring | None:
     """The :class:`Ring` in a BZPOPMIN reply on a group's bell (key, member, score);
     None for no pop (a timeout, a failed block) or a member of another form (nothing to
@@ -306,7 +314,7 @@ def read_ring(popped: Any) -> Ring | None:
         return None
     member = popped[1].decode() if isinstance(popped[1], bytes) else str(popped[1])
     parts = member.split(" ")
-    if len(parts) not in (4, 5) or not all(p.lstrip("-").isdigit() for p in parts[1:4]) \
+    if len(parts) not in (4, 5) or not all(_number(p, signed=True) for p in parts[1:4]) \
             or not parts[0].replace(".", "").isdigit() or len(parts[0]) > 40:
         return None
     return Ring(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
@@ -331,7 +339,7 @@ def read_shards_points(text: str, count: int) -> tuple[int, list[ShardPoints]] |
     anything else (a ring of another form: nothing to take from it)."""
     ttl, sep, rest = text.partition(":")
     items = rest.split(",") if rest else []
-    if not sep or not ttl.isdigit() or len(items) != count:
+    if not sep or not _number(ttl) or len(items) != count:
         return None
     out: list[ShardPoints] = []
     for item in items:
@@ -339,8 +347,8 @@ def read_shards_points(text: str, count: int) -> tuple[int, list[ShardPoints]] |
             out.append(None)
             continue
         fields = item.split(".")
-        if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit() \
-                or not fields[2].lstrip("-").isdigit():
+        if len(fields) != 3 or not _number(fields[0]) or not _number(fields[1]) \
+                or not _number(fields[2], signed=True):
             return None
         out.append((int(fields[0]), int(fields[1]), int(fields[2])))
     return int(ttl), out

@@ -33,7 +33,14 @@ from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
 from felix_redis.checks import poll_ack_args
-from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, MAX_RING_SHARDS, POLL_AGAIN_MAX, WATCH_MARGIN_MS
+from felix_redis.constants import (
+    KNOWN_IDLE_S,
+    LEAD_RUN,
+    LOOK_REUSE_S,
+    MAX_RING_SHARDS,
+    POLL_AGAIN_MAX,
+    WATCH_MARGIN_MS,
+)
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
@@ -80,8 +87,8 @@ class PollState:
     the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "epoch", "follow", "idle", "lead", "left", "quiet", "reclaimed", "ring", "runs",
-                 "urgent", "watching")
+    __slots__ = ("cursors", "epoch", "follow", "follow_at", "idle", "lead", "left", "look_due", "looked", "quiet",
+                 "reclaimed", "ring", "runs", "urgent", "watching")
 
     def __init__(self, streams: int) -> None:
         self.cursors = [-1] * streams
@@ -97,13 +104,22 @@ class PollState:
         #: a long poll that another waiter watches for: it waits on the group's bell
         #: (lua/group_poll.lua); the ring it popped, to name in its next poll
         self.follow = False
+        #: when this waiter learned it follows (time.monotonic()): a role older than
+        #: LOOK_REUSE_S at a poll's start is asked again (the watcher may have died since)
+        self.follow_at = 0.0
         self.ring = ""
         #: this waiter holds the group's watch (shard 0's last reply said so, or it
         #: popped a ring): over several shards, it gives the watch up when it takes records
         self.watching = False
         #: a follower's wait on the bell ended with no ring: its next call of the watch
-        #: goes without a look at the other shards (the watcher watches them)
+        #: goes without a look at the other shards (the watcher watches them) ...
         self.quiet = False
+        #: ... unless this consumer has not looked at them for KNOWN_IDLE_S (the watch
+        #: may be held by a waiter that watches shard 0 only, a group_poll of shard 0,
+        #: or be forged): then its next call of the watch goes with a look
+        self.look_due = False
+        #: when this consumer last looked at its idle shards' wake points (time.monotonic())
+        self.looked = 0.0
 
     def forget(self) -> None:
         """After a failure (a lost connection, a failover, an error): nothing is known
@@ -116,6 +132,7 @@ class PollState:
         self.follow = False
         self.watching = False
         self.quiet = False
+        self.look_due = False
 
 
 class Source:
@@ -200,8 +217,17 @@ class ShardedPoll:
             raise
 
     def rounds(self) -> Plan[list[list[Record]]]:
-        deadline = self.deadline = time.monotonic() + self.wait_ms / 1000
+        start = time.monotonic()
+        deadline = self.deadline = start + self.wait_ms / 1000
         again = 0
+        state = self.state
+        if state.follow and self.wait_ms > 0 and start - state.follow_at > LOOK_REUSE_S:
+            # the role the last poll learned is old (the caller was busy since): shard 0
+            # says again who watches before this poll waits on the bell (a watcher that
+            # died meanwhile is replaced at once, and a ring left on the bell is cleared,
+            # as group_poll does with a look older than this)
+            state.follow = False
+            state.idle[0].pop(0, None)
         while True:
             self.out, self.count = [[] for _ in self.sources], 0
             self.points, self.where, self.block_ms = {}, {}, -1
@@ -265,7 +291,7 @@ class ShardedPoll:
         learn = self.shards > 1 and self.core.bells and not self.state.watching and not self.state.follow
         # a follower of the group's watch over several shards asks no shard again for
         # being known idle long: the watcher does (and is the one that blocks on them)
-        if self.shards > 1 and self.core.bells and (self.state.follow or self.state.quiet):
+        if self.shards > 1 and self.core.bells and (self.state.follow or self.state.quiet or self.state.look_due):
             since = -float("inf")
         for shard in source.chosen:
             known = idle.get(shard)
@@ -287,7 +313,7 @@ class ShardedPoll:
         # old points would find them moved, and ask them for records the watcher took)
         self.learning = self.shards > 1 and self.core.bells and out <= {0} \
             and (self.state.watching or (learn and self.state.quiet))
-        self.state.quiet = False
+        self.state.quiet = self.state.look_due = False
         if learn and not out:
             out.add(0)
         return out
@@ -330,7 +356,14 @@ class ShardedPoll:
             _popped, rang = yield from follow_bell(self.core, self.bell, block_ms, self.context)
             if rang is None:
                 self.state.idle[0].pop(0, None)  # the shard is asked again at once
-                self.state.quiet = self.shards > 1
+                if self.shards > 1:
+                    # without a look at the other shards (the watcher watches them),
+                    # but for one every KNOWN_IDLE_S: a watch held by a waiter that
+                    # watches shard 0 only (or forged) leaves a record on another shard
+                    # late by that at most, not for as long as it is renewed
+                    looked_long_ago = time.monotonic() - self.state.looked >= KNOWN_IDLE_S
+                    self.state.look_due = looked_long_ago
+                    self.state.quiet = not looked_long_ago
                 return
             # the ring handed this consumer the watch: it names the ring when it polls
             self.state.ring = rang.claim
@@ -520,6 +553,8 @@ class ShardedPoll:
                 acked += other.acks.items()
                 other.acks = {}
         looks, where = (self.looks(source) if look else ([], {}))
+        if looks:
+            self.state.looked = time.monotonic()
         calls += looks
         carried += [False] * len(looks)
         if not calls:
@@ -681,6 +716,7 @@ class ShardedPoll:
             return
         if len(reply) > 5 and type(reply[-1]) is int:
             self.state.follow = int(reply[-2]) == 2
+            self.state.follow_at = time.monotonic()
             self.state.watching = int(reply[-2]) == 1
 
     def ack_call(self, source: Source, shard: int, offsets: list[int]) -> Eval:
@@ -699,6 +735,7 @@ class ShardedPoll:
             # the group's watch: a follower waits on the bell (below)
             role = int(reply[-2])
             self.state.follow = role == 2
+            self.state.follow_at = time.monotonic()
             self.state.watching = role == 1
         self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))

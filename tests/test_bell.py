@@ -609,3 +609,101 @@ def test_the_ring_of_a_sharded_watcher_carries_its_points_of_every_shard(
         with pytest.raises(redis.ResponseError, match=re.escape(what)):
             run_script(redis_client, "group_poll", [*keys, bell], [max_records, "", call])
     assert raw.zrange(bell, 0, -1) == [member] and raw.hget(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead") == lead
+
+
+# ------------------------------------- found by a review of the watch over several shards
+
+
+@pytest.mark.parametrize("holder", ["group_poll of shard 0", "forged"])
+def test_a_sharded_follower_looks_at_the_other_shards_when_the_watch_watches_shard_0_only(
+        redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str, sharded_fleet: Callable[..., Fleet],
+        monkeypatch: pytest.MonkeyPatch, holder: str) -> None:
+    """The group's watch held by a waiter that watches shard 0 only (a `group_poll` of
+    shard 0 mixed into the fleet, or a `lead` field written by hand): a record on shard 2
+    reaches a sharded follower within KNOWN_IDLE_S (1 s here) and a wait, where it used
+    to wait for as long as that watch was renewed. A record on shard 0 reaches the
+    fleet at once."""
+    import felix_redis.sharded
+
+    monkeypatch.setattr(felix_redis.sharded, "KNOWN_IDLE_S", 1.0)
+    stop = threading.Event()
+    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+    other = felix_redis.connect(redis_url)
+    holders: list[threading.Thread] = []
+    if holder == "forged":
+        raw.hset(lead, "lead", f"forged {int(raw.time()[0]) * 1000 + 600_000}")
+    else:
+        def shard_0_only() -> None:
+            while not stop.is_set():
+                for r in other.group_poll(T, N, S, 0, G, max_records=1, wait=2.0):
+                    other.group_ack(T, N, S, G, r)
+
+        holders.append(threading.Thread(target=shard_0_only, daemon=True))
+        holders[0].start()
+        time.sleep(0.3)  # it holds the watch before the fleet comes
+    assert raw.hget(lead, "lead").split()[0] not in ("", None)
+    f = sharded_fleet(2, wait=0.5)
+    time.sleep(1.5)  # both followers past their first waits
+    published = time.monotonic()
+    redis_client.publish(T, N, S, b"on-2", shard=2)
+    end = published + 6.0
+    while not f.offsets() and time.monotonic() < end:
+        time.sleep(0.02)
+    took = time.monotonic() - published
+    stop.set()
+    for thread in holders:
+        thread.join(5)
+    other.close()
+    with f.lock:
+        assert f.shards_got == [(2, 0)], (f.shards_got, took)
+    assert took < 1.0 + 0.5 + 1.0, took
+
+
+def test_a_follower_role_learned_long_ago_is_asked_again(
+        redis_client: felix_redis.Client, raw: redis.Redis, redis_url: str) -> None:
+    """A sharded consumer's poll ends as a follower; the watcher stops polling while
+    the consumer is away (its watch lapses). The consumer's next long poll asks shard 0
+    who watches before it waits on the bell: it takes the watch and a record published
+    then reaches it at once (it used to wait on the bell to its wait's end: nobody rang)."""
+    redis_client.stream_create(T, N, S, shards=4)
+    redis_client.group_create(T, N, S, G)
+    quitter = felix_redis.connect(redis_url)
+    watcher = threading.Thread(target=lambda: quitter.group_sharded(T, N, S, G).poll(1, wait=0.3))
+    watcher.start()  # (a waiter of its own: another thread) the watcher, then gone
+    watcher.join(5)
+    group = redis_client.group_sharded(T, N, S, G)
+    for _ in range(10):  # (a poll ends as a follower when its wait's end called the watch)
+        assert group.poll(1, wait=0.2) == []
+        if group._state.follow:
+            break
+    assert group._state.follow
+    time.sleep(0.3 + WATCH_MARGIN_MS / 1000 + 0.3)  # away; the watch lapses meanwhile
+    got: list[tuple[float, int]] = []
+    thread = threading.Thread(
+        target=lambda: got.extend((time.monotonic(), r.shard) for r in group.poll(1, wait=5.0)), daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    published = time.monotonic()
+    redis_client.publish(T, N, S, b"job", shard=1)
+    thread.join(6)
+    quitter.close()
+    assert [shard for _, shard in got] == [1]
+    assert got[0][0] - published < 1.0, got[0][0] - published
+
+
+@pytest.mark.parametrize("bad", ["99999999999999999999 0 -1", "0 99999999999999999999 -1"])
+def test_a_forged_ring_does_not_make_the_popper_fail(
+        redis_client: felix_redis.Client, raw: redis.Redis, bad: str) -> None:
+    """A ring written by hand on the group's bell (`ZADD`, a group.consume power) with
+    points Redis would refuse as stream IDs: the follower that pops it does not take it
+    (as a ring of another form) and its poll goes on, instead of raising."""
+    redis_client.stream_create(T, N, S, shards=4)
+    redis_client.group_create(T, N, S, G)
+    lead = f"felix:{{{T}/{N}/{S}/0}}:g:{G}"
+    raw.hset(lead, "lead", f"forged {int(raw.time()[0]) * 1000 + 600_000}")
+    group = redis_client.group_sharded(T, N, S, G)
+    assert group.poll(1, wait=0.2) == [] and group._state.follow
+    raw.zadd(f"{lead}:bell", {f"1.1 {bad}": 0})
+    assert group.poll(1, wait=0.5) == []
+    redis_client.publish(T, N, S, b"job", shard=0)
+    assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]

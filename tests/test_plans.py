@@ -827,8 +827,13 @@ def test_a_sharded_rings_shards_read_back_and_forms_it_does_not_take() -> None:
     text = shards_points(1500, [(7, 1_796_610_000_123, -1), None, (0, 5, 250)])
     assert text == "1500:7.1796610000123.-1,?,0.5.250"
     assert read_shards_points(text, 3) == (1500, [(7, 1_796_610_000_123, -1), None, (0, 5, 250)])
-    for bad in ["", "1500", "1500:7.1.-1,?", "x:?,?,?", "1500:7.1,?,?", "1500:7.1.a,?,?", "1500:?,?,?,?"]:
+    for bad in ["", "1500", "1500:7.1.-1,?", "x:?,?,?", "1500:7.1,?,?", "1500:7.1.a,?,?", "1500:?,?,?,?",
+                # numbers a stream ID cannot hold (a forged ring must not make the block fail)
+                "1500:99999999999999999999.1.-1,?,?", "1500:7.1234567890123456789.-1,?,?", "1500:7.1.-5,?,?",
+                "99999999999999999999:?,?,?", "1500:\uff17.1.-1,?,?"]:
         assert read_shards_points(bad, 3) is None, bad
+    for member in [b"12.3 99999999999999999999 5 -1", b"12.3 4 1234567890123456789 -1", b"12.3 4 5 -7"]:
+        assert read_ring([b"bell", member, 0]) is None, member
     ring = read_ring([b"bell", b"12.3 4 5 -1 " + text.encode(), 0])
     assert ring is not None and ring.shards == text and ring.next_offset == 4
     assert read_ring([b"bell", b"12.3 4 5 -1", 0]).shards == ""  # type: ignore[union-attr]
