@@ -200,6 +200,9 @@ class ShardedPoll:
         #: this round asks shard 0 only for the group's watch, without a look at the
         #: other shards (:meth:`candidates`)
         self.learning = False
+        #: shard 0's call of the watch handed records out this round: that call gave the
+        #: watch up already (lua/group_poll.lua), so no call of its own does it again
+        self.gave_up = False
 
     @property
     def context(self) -> str:
@@ -231,6 +234,7 @@ class ShardedPoll:
         while True:
             self.out, self.count = [[] for _ in self.sources], 0
             self.points, self.where, self.block_ms = {}, {}, -1
+            self.gave_up = False
             self.check_epoch()
             # (a lost connection in the round forgets the role: the watch is given up
             # all the same when this consumer held it)
@@ -255,7 +259,7 @@ class ShardedPoll:
                 if ended:
                     break
             if self.count:
-                if self.shards > 1 and (self.state.watching or watched) and self.core.bells:
+                if self.shards > 1 and (self.state.watching or watched) and self.core.bells and not self.gave_up:
                     yield from self.give_up_watch()
                 return self.out
             if due_now and again < POLL_AGAIN_MAX:
@@ -737,6 +741,7 @@ class ShardedPoll:
             self.state.follow = role == 2
             self.state.follow_at = time.monotonic()
             self.state.watching = role == 1
+            self.gave_up = self.gave_up or count > 0
         self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))
         self.count += count

@@ -707,3 +707,23 @@ def test_a_forged_ring_does_not_make_the_popper_fail(
     assert group.poll(1, wait=0.5) == []
     redis_client.publish(T, N, S, b"job", shard=0)
     assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]
+
+
+def test_a_sharded_watcher_taking_records_of_shard_0_gives_the_watch_up_in_that_call(
+        redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    """The watcher of a group over 4 shards takes a record of shard 0: the call of the
+    watch that hands it out gives the watch up (and rings), so the poll makes no second
+    call of shard 0 to give it up: one script call for the record."""
+    redis_client.stream_create(T, N, S, shards=4)
+    redis_client.group_create(T, N, S, G)
+    group = redis_client.group_sharded(T, N, S, G)
+    for _ in range(10):
+        assert group.poll(1, wait=0.2) == []
+        if group._state.watching:
+            break
+    assert group._state.watching
+    redis_client.publish(T, N, S, b"job", shard=0)
+    before = script_calls(raw)
+    assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]
+    assert script_calls(raw) - before == 1
+    assert not group._state.watching and raw.zcard(f"felix:{{{T}/{N}/{S}/0}}:g:{G}:bell") == 1  # rung
