@@ -514,7 +514,8 @@ MUTATIONS: list[Mutation] = [
              "tests/test_bell.py -k any_shard_wakes",
              "a sharded group over several shards keeps out of the group's watch: a record wakes every idle consumer"),
     mutation("B16", "fleets", "felix_redis/sharded.py",
-             "                if self.shards > 1 and (self.state.watching or watched) and self.core.bells:\n"
+             "                if self.shards > 1 and (self.state.watching or watched) and self.core.bells"
+             " and not self.gave_up:\n"
              "                    yield from self.give_up_watch()\n",
              "",
              "tests/test_bell.py -k busy_sharded_watcher",
@@ -538,7 +539,7 @@ MUTATIONS: list[Mutation] = [
              "                    looked_long_ago = time.monotonic() - self.state.looked >= KNOWN_IDLE_S\n",
              "                    looked_long_ago = False\n",
              "tests/test_bell.py -k shard_0_only",
-             "a sharded follower never looks at the other shards: a watch that watches shard 0 only leaves their records"),
+             "a sharded follower never looks at the other shards: a watch of shard 0 only leaves their records"),
     mutation("B21", "fleets", "felix_redis/sharded.py",
              "        if state.follow and self.wait_ms > 0 and start - state.follow_at > LOOK_REUSE_S:\n",
              "        if False:\n",
