@@ -94,14 +94,17 @@ async def _areply(conn: Any) -> Any:
         return exc
 
 
-async def _to_its_end(release: Coroutine[Any, Any, None], group: str) -> None:
+async def _to_its_end(client: AsyncClient, release: Coroutine[Any, Any, None], group: str) -> None:
     """Runs ``release`` (a release of records fetched ahead) to its end even when the
     task awaiting it is cancelled meanwhile (a worker's stop cancelled again, a task
     group's cancel scope): they are out of the buffer already, so a release cut off
     before its call went would leave them leased until their lease lapsed, and their
     next delivery counted. The cancellation is raised at once; the release goes on in
-    its own task, and its failure is logged."""
+    its own task, and its failure is logged; the client's close waits for it (its
+    connection is closed with the others)."""
     task = asyncio.ensure_future(release)
+    client._releases.add(task)
+    task.add_done_callback(client._releases.discard)
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -162,6 +165,8 @@ class AsyncClient(_AwaitsToItself):
         #: them, and every group that queued an ack
         self._ack_timers: dict[AsyncShardedGroup, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._ack_tasks: set[asyncio.Task[None]] = set()
+        #: releases of records fetched ahead whose caller was cancelled (_to_its_end)
+        self._releases: set[asyncio.Future[None]] = set()
         self._ack_all: weakref.WeakSet[AsyncShardedGroup] = weakref.WeakSet()
         #: the groups holding records fetched ahead, held on to (:meth:`_hold`)
         self._holding: set[AsyncShardedGroup] = set()
@@ -515,6 +520,8 @@ class AsyncClient(_AwaitsToItself):
 
     async def close(self) -> None:
         await self._release_fetched()
+        if self._releases:  # cut off from their callers: they end before the connections close
+            await asyncio.wait(list(self._releases), timeout=5.0)
         await self._flush_acks()
         if self._watch is not None:
             await self._watch.close()
@@ -966,12 +973,12 @@ class AsyncShardedGroup(ShardedGroupBase, _AwaitsToItself):
         """Releases the records fetched ahead (to its end even if the caller is
         cancelled meanwhile: :func:`_to_its_end`)."""
         if held := self._take_buffer():
-            await _to_its_end(self._client._drive(self._release_plan(held)), self.group)
+            await _to_its_end(self._client, self._client._drive(self._release_plan(held)), self.group)
 
     async def _release(self, items: list[Item]) -> None:
         """Releases ``items``, taken from what was fetched ahead and never handed out
         (to its end even if the caller is cancelled meanwhile)."""
-        await _to_its_end(self._client._drive(self._release_plan(items)), self.group)
+        await _to_its_end(self._client, self._client._drive(self._release_plan(items)), self.group)
 
     async def __aenter__(self) -> AsyncShardedGroup:
         return self

@@ -314,8 +314,9 @@ def read_ring(popped: Any) -> Ring | None:
         return None
     member = popped[1].decode() if isinstance(popped[1], bytes) else str(popped[1])
     parts = member.split(" ")
-    if len(parts) not in (4, 5) or not all(_number(p, signed=True) for p in parts[1:4]) \
-            or not parts[0].replace(".", "").isdigit() or len(parts[0]) > 40:
+    if len(parts) not in (4, 5) or not _number(parts[1]) or not _number(parts[2]) \
+            or not _number(parts[3], signed=True) or not parts[0].replace(".", "").isdigit() \
+            or not parts[0].isascii() or len(parts[0]) > 40:
         return None
     return Ring(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
 

@@ -36,7 +36,6 @@ from felix_redis.checks import poll_ack_args
 from felix_redis.constants import (
     KNOWN_IDLE_S,
     LEAD_RUN,
-    LOOK_REUSE_S,
     MAX_RING_SHARDS,
     POLL_AGAIN_MAX,
     WATCH_MARGIN_MS,
@@ -87,7 +86,7 @@ class PollState:
     the idle shards, and the shards this consumer took its own in-flight records back
     from; for the weighted order, the stream that leads and the polls it has left."""
 
-    __slots__ = ("cursors", "epoch", "follow", "follow_at", "idle", "lead", "left", "look_due", "looked", "quiet",
+    __slots__ = ("cursors", "epoch", "follow", "follow_until", "idle", "lead", "left", "look_due", "looked", "quiet",
                  "reclaimed", "ring", "runs", "urgent", "watching")
 
     def __init__(self, streams: int) -> None:
@@ -104,9 +103,9 @@ class PollState:
         #: a long poll that another waiter watches for: it waits on the group's bell
         #: (lua/group_poll.lua); the ring it popped, to name in its next poll
         self.follow = False
-        #: when this waiter learned it follows (time.monotonic()): a role older than
-        #: LOOK_REUSE_S at a poll's start is asked again (the watcher may have died since)
-        self.follow_at = 0.0
+        #: when the watch this waiter follows lapses, as shard 0 said (time.monotonic()):
+        #: a poll that starts later asks shard 0 again (the watcher may have died since)
+        self.follow_until = 0.0
         self.ring = ""
         #: this waiter holds the group's watch (shard 0's last reply said so, or it
         #: popped a ring): over several shards, it gives the watch up when it takes records
@@ -224,11 +223,12 @@ class ShardedPoll:
         deadline = self.deadline = start + self.wait_ms / 1000
         again = 0
         state = self.state
-        if state.follow and self.wait_ms > 0 and start - state.follow_at > LOOK_REUSE_S:
-            # the role the last poll learned is old (the caller was busy since): shard 0
-            # says again who watches before this poll waits on the bell (a watcher that
-            # died meanwhile is replaced at once, and a ring left on the bell is cleared,
-            # as group_poll does with a look older than this)
+        if state.follow and self.wait_ms > 0 and start >= state.follow_until:
+            # the watch the last poll learned it follows has lapsed since (the caller was
+            # busy): shard 0 says again who watches before this poll waits on the bell
+            # (a watcher that died meanwhile is replaced at once, and a ring left on the
+            # bell is cleared). While that watch lives, a loop's polls go to the bell at
+            # once, however long the caller took between them
             state.follow = False
             state.idle[0].pop(0, None)
         while True:
@@ -259,7 +259,9 @@ class ShardedPoll:
                 if ended:
                     break
             if self.count:
-                if self.shards > 1 and (self.state.watching or watched) and self.core.bells and not self.gave_up:
+                # (a later call of shard 0 in the round may have taken the watch back:
+                # watching again, it gives it up)
+                if self.shards > 1 and self.core.bells and (self.state.watching or (watched and not self.gave_up)):
                     yield from self.give_up_watch()
                 return self.out
             if due_now and again < POLL_AGAIN_MAX:
@@ -720,7 +722,7 @@ class ShardedPoll:
             return
         if len(reply) > 5 and type(reply[-1]) is int:
             self.state.follow = int(reply[-2]) == 2
-            self.state.follow_at = time.monotonic()
+            self.state.follow_until = time.monotonic() + (int(reply[-1]) - int(reply[0])) / 1000
             self.state.watching = int(reply[-2]) == 1
 
     def ack_call(self, source: Source, shard: int, offsets: list[int]) -> Eval:
@@ -739,7 +741,7 @@ class ShardedPoll:
             # the group's watch: a follower waits on the bell (below)
             role = int(reply[-2])
             self.state.follow = role == 2
-            self.state.follow_at = time.monotonic()
+            self.state.follow_until = time.monotonic() + (int(reply[-1]) - int(reply[0])) / 1000
             self.state.watching = role == 1
             self.gave_up = self.gave_up or count > 0
         self.state.urgent[source.index].discard(shard)

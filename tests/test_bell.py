@@ -691,7 +691,7 @@ def test_a_follower_role_learned_long_ago_is_asked_again(
     assert got[0][0] - published < 1.0, got[0][0] - published
 
 
-@pytest.mark.parametrize("bad", ["99999999999999999999 0 -1", "0 99999999999999999999 -1"])
+@pytest.mark.parametrize("bad", ["99999999999999999999 0 -1", "0 99999999999999999999 -1", "-1 0 -1", "0 -1 -1"])
 def test_a_forged_ring_does_not_make_the_popper_fail(
         redis_client: felix_redis.Client, raw: redis.Redis, bad: str) -> None:
     """A ring written by hand on the group's bell (`ZADD`, a group.consume power) with
@@ -727,3 +727,32 @@ def test_a_sharded_watcher_taking_records_of_shard_0_gives_the_watch_up_in_that_
     assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]
     assert script_calls(raw) - before == 1
     assert not group._state.watching and raw.zcard(f"felix:{{{T}/{N}/{S}/0}}:g:{G}:bell") == 1  # rung
+
+
+def test_a_sharded_watcher_that_took_its_watch_back_in_the_round_gives_it_up(
+        redis_client: felix_redis.Client, raw: redis.Redis) -> None:
+    """A round asks shard 0 twice (a quota beside the lead, then what is still wanted):
+    the first call hands records out and gives the watch up, the second hands out none
+    and, nobody having popped the ring, takes the watch back. The round ends busy with
+    records: it gives the watch up again (it used to keep it, and a record on another
+    shard then waited for the watch to lapse)."""
+    redis_client.stream_create(T, N, S, shards=2)
+    redis_client.group_create(T, N, S, G)
+    group = redis_client.group_sharded(T, N, S, G)
+    for _ in range(10):
+        assert group.poll(4, wait=0.2) == []
+        if group._state.watching:
+            break
+    state = group._state
+    assert state.watching
+    for shard in (0, 0, 1):
+        redis_client.publish(T, N, S, b"job", shard=shard)
+    points, _due, at = state.idle[0][0]
+    state.idle[0][0] = (points, 0.0, at)  # shard 0 due now: asked beside the lead
+    state.idle[0].pop(1, None)
+    state.cursors[0], state.runs[0] = 1, 2  # shard 1 leads
+    assert len(group.poll(4, wait=5.0)) == 3
+    from felix_redis.plans import waiter_name
+
+    lead = raw.hget(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead")
+    assert not state.watching and (lead is None or lead.split()[0] != waiter_name()), lead

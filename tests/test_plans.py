@@ -832,7 +832,8 @@ def test_a_sharded_rings_shards_read_back_and_forms_it_does_not_take() -> None:
                 "1500:99999999999999999999.1.-1,?,?", "1500:7.1234567890123456789.-1,?,?", "1500:7.1.-5,?,?",
                 "99999999999999999999:?,?,?", "1500:\uff17.1.-1,?,?"]:
         assert read_shards_points(bad, 3) is None, bad
-    for member in [b"12.3 99999999999999999999 5 -1", b"12.3 4 1234567890123456789 -1", b"12.3 4 5 -7"]:
+    for member in [b"12.3 99999999999999999999 5 -1", b"12.3 4 1234567890123456789 -1", b"12.3 4 5 -7",
+                   b"12.3 -1 5 -1", b"12.3 4 -1 -1", "\u0661.3 4 5 -1".encode()]:
         assert read_ring([b"bell", member, 0]) is None, member
     ring = read_ring([b"bell", b"12.3 4 5 -1 " + text.encode(), 0])
     assert ring is not None and ring.shards == text and ring.next_offset == 4

@@ -459,11 +459,12 @@ def test_asyncio_a_release_cancelled_before_its_call_went_still_releases(
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
-        assert group.fetched_ahead == 0
-        await asyncio.sleep(0.6)  # the release's own task
-        monkeypatch.setattr(client, "_execute", real)
-        await client.close()
+        assert group.fetched_ahead == 0 and len(client._releases) == 1  # the release's own task
+        await client.close()  # waits for it, then closes its connection with the others
+        assert not client._releases
 
+    clients = len(redis_client.redis.client_list())
     asyncio.run(main())
+    assert len(redis_client.redis.client_list()) <= clients  # no connection left open
     rest = redis_client.group_sharded(T, N, S, G, consumer="other").poll(8)
     assert len(rest) == 6 and all(item.record.attempts == 1 for item in rest)
