@@ -709,19 +709,26 @@ def test_a_forged_ring_does_not_make_the_popper_fail(
     assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]
 
 
+def _lone_watcher(client: felix_redis.Client, shards: int, max_records: int) -> Any:
+    """A sharded group, alone on a new stream of ``shards``, idle until it holds the
+    group's watch (its first polls may end while it learns the role)."""
+    client.stream_create(T, N, S, shards=shards)
+    client.group_create(T, N, S, G)
+    group = client.group_sharded(T, N, S, G)
+    for _ in range(10):
+        assert group.poll(max_records, wait=0.2) == []
+        if group._state.watching:
+            break
+    assert group._state.watching
+    return group
+
+
 def test_a_sharded_watcher_taking_records_of_shard_0_gives_the_watch_up_in_that_call(
         redis_client: felix_redis.Client, raw: redis.Redis) -> None:
     """The watcher of a group over 4 shards takes a record of shard 0: the call of the
     watch that hands it out gives the watch up (and rings), so the poll makes no second
     call of shard 0 to give it up: one script call for the record."""
-    redis_client.stream_create(T, N, S, shards=4)
-    redis_client.group_create(T, N, S, G)
-    group = redis_client.group_sharded(T, N, S, G)
-    for _ in range(10):
-        assert group.poll(1, wait=0.2) == []
-        if group._state.watching:
-            break
-    assert group._state.watching
+    group = _lone_watcher(redis_client, shards=4, max_records=1)
     redis_client.publish(T, N, S, b"job", shard=0)
     before = script_calls(raw)
     assert [r.payload for r in group.poll(1, wait=1.0)] == [b"job"]
@@ -736,15 +743,8 @@ def test_a_sharded_watcher_that_took_its_watch_back_in_the_round_gives_it_up(
     and, nobody having popped the ring, takes the watch back. The round ends busy with
     records: it gives the watch up again (it used to keep it, and a record on another
     shard then waited for the watch to lapse)."""
-    redis_client.stream_create(T, N, S, shards=2)
-    redis_client.group_create(T, N, S, G)
-    group = redis_client.group_sharded(T, N, S, G)
-    for _ in range(10):
-        assert group.poll(4, wait=0.2) == []
-        if group._state.watching:
-            break
+    group = _lone_watcher(redis_client, shards=2, max_records=4)
     state = group._state
-    assert state.watching
     for shard in (0, 0, 1):
         redis_client.publish(T, N, S, b"job", shard=shard)
     points, _due, at = state.idle[0][0]
