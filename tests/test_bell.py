@@ -756,3 +756,46 @@ def test_a_sharded_watcher_that_took_its_watch_back_in_the_round_gives_it_up(
 
     lead = raw.hget(f"felix:{{{T}/{N}/{S}/0}}:g:{G}", "lead")
     assert not state.watching and (lead is None or lead.split()[0] != waiter_name()), lead
+
+
+def test_a_sharded_followers_spaced_polls_make_one_poll_and_one_wait_each(
+        redis_client: felix_redis.Client, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower of a live watch over 4 shards whose loop does 0.1 s of work between
+    polls (longer than a poll's reuse window): each poll still goes to the bell with one
+    call of shard 0 at its wait's end, not two calls and a look (its role is asked again
+    only once the watch it follows has lapsed)."""
+    from felix_redis.plans import Batch, BlockAny, Eval
+
+    redis_client.stream_create(T, N, S, shards=4)
+    redis_client.group_create(T, N, S, G)
+    stop = threading.Event()
+    watcher = felix_redis.connect(redis_url)
+
+    def watch() -> None:
+        group = watcher.group_sharded(T, N, S, G)
+        while not stop.is_set():
+            group.poll(1, wait=2.0)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    follower = redis_client.group_sharded(T, N, S, G)
+    for _ in range(3):
+        assert follower.poll(1, wait=0.3) == []
+    ops: list[str] = []
+    real = redis_client._execute
+
+    def spy(op: Any) -> Any:
+        ops.append("batch" if type(op) is Batch else "block" if type(op) is BlockAny
+                   else "script" if type(op) is Eval else "command")
+        return real(op)
+
+    monkeypatch.setattr(redis_client, "_execute", spy)
+    for _ in range(5):
+        time.sleep(0.1)
+        assert follower.poll(1, wait=0.3) == []
+    stop.set()
+    thread.join(5)
+    watcher.close()
+    assert follower._state.follow
+    assert ops.count("block") == 5 and ops.count("script") <= 6 and "batch" not in ops, ops
