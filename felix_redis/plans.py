@@ -306,6 +306,7 @@ def _number(text: str, signed: bool = False) -> bool:
         return True
     return text.isdigit() and text.isascii() and len(text) <= 18
 
+
 def read_ring(popped: Any) -> Ring | None:
     """The :class:`Ring` in a BZPOPMIN reply on a group's bell (key, member, score);
     None for no pop (a timeout, a failed block) or a member of another form (nothing to

@@ -33,13 +33,7 @@ from typing import Any
 
 from felix_redis.caches import Caches, StreamSettings
 from felix_redis.checks import poll_ack_args
-from felix_redis.constants import (
-    KNOWN_IDLE_S,
-    LEAD_RUN,
-    MAX_RING_SHARDS,
-    POLL_AGAIN_MAX,
-    WATCH_MARGIN_MS,
-)
+from felix_redis.constants import KNOWN_IDLE_S, LEAD_RUN, MAX_RING_SHARDS, POLL_AGAIN_MAX, WATCH_MARGIN_MS
 from felix_redis.errors import ConnectionFailed, FelixError, NotReplicated
 from felix_redis.keys import StreamName
 from felix_redis.models import Record
@@ -721,9 +715,16 @@ class ShardedPoll:
             log.info("%s: giving up the group's watch failed (it lapses): %s", self.context, exc)
             return
         if len(reply) > 5 and type(reply[-1]) is int:
-            self.state.follow = int(reply[-2]) == 2
-            self.state.follow_until = time.monotonic() + (int(reply[-1]) - int(reply[0])) / 1000
-            self.state.watching = int(reply[-2]) == 1
+            self.learn_role(reply)
+
+    def learn_role(self, reply: list[Any]) -> int:
+        """This waiter's role in the group's watch (0 none, 1 the watcher, 2 a follower)
+        as a call of the watch replied (its last fields: the role, then the watch's
+        expiry on the server clock), kept in the state."""
+        role = int(reply[-2])
+        self.state.follow, self.state.watching = role == 2, role == 1
+        self.state.follow_until = time.monotonic() + (int(reply[-1]) - int(reply[0])) / 1000
+        return role
 
     def ack_call(self, source: Source, shard: int, offsets: list[int]) -> Eval:
         keys, context = self.cache.group_shard_keys(source.name, shard, self.group)
@@ -739,10 +740,7 @@ class ShardedPoll:
         role = -1
         if self.bell is not None and shard == 0 and len(reply) > 5 and type(reply[-1]) is int:
             # the group's watch: a follower waits on the bell (below)
-            role = int(reply[-2])
-            self.state.follow = role == 2
-            self.state.follow_until = time.monotonic() + (int(reply[-1]) - int(reply[0])) / 1000
-            self.state.watching = role == 1
+            role = self.learn_role(reply)
             self.gave_up = self.gave_up or count > 0
         self.state.urgent[source.index].discard(shard)
         self.out[source.index].extend(parse_delivered(reply, 5, count, shard))
