@@ -82,7 +82,7 @@ local function due_age(entry)
   local f = entry[2]
   local from = tonumber(ms)
   if off <= S.tlast and not plain_fields(f) then
-    local _, _, _, d = record_fields(f)
+    local _, _, _, d = record_fields(f, entry[1])
     if d then
       if tonumber(d) > now then return false end
       from = math.max(from, tonumber(d))

@@ -250,11 +250,10 @@ local function put(es, i, j, attempts, due)
       elseif fields[1] == 'p' and fields[3] == 'd' and fields[5] == nil then
         -- a delayed record without key, headers nor expiry (as publish writes it): its
         -- due time alone, as an integer, in the key's place (no table to build and send)
-        local d = due or time_field(fields[4])
-        payload, key = fields[2], d and tonumber(d) or false
+        payload, key = fields[2], due or due_time(e[1], fields[4])
       else
         local h, d, x
-        payload, key, h, d, x = record_fields(fields)
+        payload, key, h, d, x = record_fields(fields, e[1])
         key = key_slot(key, h, d, x)
       end
       r[at + 1] = e[1]
@@ -275,9 +274,9 @@ local function all_out(es, i, j, due_by, strict)
     if not (f[1] == 'p' and (f[3] == nil or (f[3] == 'k' and f[5] == nil))) then
       local d, x
       if f[1] == 'p' and f[3] == 'd' and f[5] == nil then
-        d, x = time_field(f[4]), false
+        d, x = due_time(es[k][1], f[4]), false
       else
-        d, x = select(4, record_fields(f))
+        d, x = select(4, record_fields(f, es[k][1]))
       end
       if d and (tonumber(d) > due_by or (strict and tonumber(d) == due_by)) then return false end
       if x and tonumber(x) <= now then return false end
@@ -541,7 +540,7 @@ while want > 0 and S.next < S.tail do
         S.next = off + 1
         local f, verdict = e[2], 'out'
         if off <= S.tlast and not plain_fields(f) then
-          local _, _, _, d, x = record_fields(f)
+          local _, _, _, d, x = record_fields(f, e[1])
           local dt = d and tonumber(d)
           if dt and K.due and (dt > dnow or (S.doff and dt == dnow)) and due_holds(K.due, off, dt, held_by_due) then
             verdict = 'later'

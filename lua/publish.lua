@@ -11,8 +11,9 @@
 --                      of SHA1(SECRET .. ' ' .. the five numbers)), and 'producer_scan',
 --                      the HSCAN cursor of their pruning
 -- KEYS[2] log          stream: records as entry ID OFFSET-PUBLISHMS, fields p (payload),
---                      k (key), h (headers), d (due ms), x (expiry ms), each but p only
---                      when the record has it
+--                      k (key), h (headers), d (delay: the due time less the publish
+--                      time, ms), x (expiry, ms since the epoch), each but p only when
+--                      the record has it
 -- KEYS[3] conf         hash: the stream's settings (max_payload, bytes, is read here)
 -- KEYS[4] due          zset (only with a delivery time): the shard's due index, chunks of
 --                      the delayed records' offsets by due-time bucket (lua/includes/due.lua)
@@ -181,7 +182,7 @@ if extended then
   if key ~= '' then extra[#extra + 1] = k; extra[#extra + 1] = key end
   if headers ~= '' then extra[#extra + 1] = 'h'; extra[#extra + 1] = headers end
   local due_s = due and fmt(due)
-  if due then extra[#extra + 1] = 'd'; extra[#extra + 1] = due_s end
+  if due then extra[#extra + 1] = 'd'; extra[#extra + 1] = fmt(due - now) end
   if expires_ms then extra[#extra + 1] = 'x'; extra[#extra + 1] = fmt(now + expires_ms) end
   local dmax = due and tonumber(redis.call('HGET', meta, 'dmax'))
   -- the due index's chunk this publish appends to, read (and checked) before any write

@@ -24,7 +24,7 @@ local out = {tail, log_first(KEYS[2], tail), 0}
 local entries = redis.call('XRANGE', KEYS[2], fmt(from), '+', 'COUNT', count)
 for _, e in ipairs(entries) do
   local off, ms = parse_id(e[1])
-  local payload, key, h, d, x = record_fields(e[2])
+  local payload, key, h, d, x = record_fields(e[2], e[1])
   key = key_slot(key, h, d, x)
   out[#out + 1] = off
   out[#out + 1] = ms

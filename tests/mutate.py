@@ -326,6 +326,20 @@ MUTATIONS: list[Mutation] = [
              "tests/test_time_in_queue.py -k filled_by_one_due",
              "a poll filled by one due time leaves the cursor inside the next below its first offset: -1 does not "
              "read back, and the group hands the same delayed record out again and again"),
+    mutation("D10", "delays", "lua/publish.lua",
+             "extra[#extra + 1] = fmt(due - now) end", "extra[#extra + 1] = fmt(due) end",
+             "tests/test_time_in_queue.py -k keeps_its_delay",
+             "the log's d field holds the due time, not the delay: readers add the publish time to it"),
+    mutation("D11", "delays", "lua/includes/due.lua",
+             "        at = a + (tonumber(l) or 1)\n", "        at = a + 1\n",
+             "tests/test_time_in_queue.py -k 'small_chunks or keeps_its_delay'",
+             "the due index reads an entry after a delayed batch from the batch's second record: "
+             "records appended after a batch are not found held, and the scan hands them out early"),
+    mutation("D12", "delays", "lua/includes/due.lua",
+             "    local g = first - top.last - 1\n", "    local g = first - top.last\n",
+             "tests/test_time_in_queue.py -k 'keeps_its_delay or small_chunks'",
+             "a delayed publish writes its gap one too long: the index names the next offset, "
+             "and the record itself is handed out before it is due"),
     mutation("D3", "delays", "lua/stream_trim.lua",
              "      if doff and doff ~= '' then dcur = dcur - 1 end\n", "",
              "tests/test_time_in_queue.py -k stands_inside",

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -83,19 +84,23 @@ def dead(client: felix_redis.Client, group: str = G, shard: int = 0) -> list[tup
 
 def due_index(raw: Any, key: str) -> list[tuple[int, int]]:
     """The shard's due index read as docs/keys.md describes it: (offset, due ms) of every
-    record it holds, sorted. A chunk member 'K:FIRST:COUNT:ENTRIES' scored by its bucket's
-    start; an entry 'D.DD' or 'D+L.DD' is the record(s) FIRST + D (.. + L - 1) due at
-    score + DD; COUNT is how many records the entries hold."""
+    record it holds, sorted. A chunk member 'K:FIRST:COUNT:LAST:ENTRIES' scored by its
+    bucket's start; ENTRIES one after the other, each 'G.DD' or 'G+L.DD': the record(s)
+    from G past the one after the previous entry's last (the first entry: G past FIRST;
+    G left out when 0), L of them (1 when left out), due at score + DD (two digits);
+    COUNT is how many records the entries hold and LAST the last of them."""
     out: list[tuple[int, int]] = []
     for member, score in raw.zrange(key, 0, -1, withscores=True):
-        _k, first, count, entries = member.decode().split(":", 3)
+        _k, first, count, last, entries = member.decode().split(":", 4)
         got: list[tuple[int, int]] = []
-        for entry in entries.split(";"):
-            head, dd = entry.split(".")
-            d, _, n = head.partition("+")
-            start = int(first) + int(d)
+        at = int(first)
+        for gap, n, dd in re.findall(r"(\d*)(?:\+(\d+))?\.(\d\d)", entries):
+            start = at + int(gap or 0)
             got += [(start + i, int(score) + int(dd)) for i in range(int(n or 1))]
-        assert len(got) == int(count), (member, got)
+            at = start + int(n or 1)
+        assert "".join(f"{g}{'+' + n if n else ''}.{d}" for g, n, d in
+                       re.findall(r"(\d*)(?:\+(\d+))?\.(\d\d)", entries)) == entries, member
+        assert len(got) == int(count) and got[-1][0] == int(last), (member, got)
         out += got
     return sorted(out)
 
@@ -1470,6 +1475,48 @@ def test_a_rate_limit_and_named_consumers_hold_inside_a_shared_due_time(
     assert (st.owed, st.in_flight, st.pending) == (5, 0, 45), st
 
 
+def test_a_delayed_record_keeps_its_delay_in_the_log_and_the_due_index_reads_as_documented(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """docs/keys.md, byte for byte: the log's d field is the delay (the due time less the
+    publish time, the entry ID's second part), and replay, describe and the group read the
+    due time it gives; the due index's chunk is the documented example: records published
+    one after the other cost '.DD' each, the gap before a batch is written once."""
+    client = redis_client
+    setup(client)
+    name = client.core.name(T, N, S)
+    log_key, due_key = name.shard_keys(0)[1], name.due_key(0)
+    bucket = server_ms(raw) + 1500
+    bucket -= bucket % 100
+    at = [datetime.fromtimestamp(ms / 1000, timezone.utc) for ms in (bucket + 42, bucket + 57, bucket + 99)]
+    client.publish(T, N, S, b"a", deliver_at=at[0])
+    client.publish(T, N, S, b"b", deliver_at=at[1])
+    client.publish_batch(T, N, S, [b"p0", b"p1", b"p2"])
+    client.publish_batch(T, N, S, [b"c%d" % i for i in range(100)], deliver_at=at[2])
+    assert raw.zrange(due_key, 0, -1, withscores=True) == [(b"000000:0:102:104:.42.573+100.99", float(bucket))]
+    assert due_index(raw, due_key) == [(0, bucket + 42), (1, bucket + 57)] + [(o, bucket + 99) for o in range(5, 105)]
+    entries = raw.xrange(log_key, "0", "+")
+    wanted = {0: bucket + 42, 1: bucket + 57, **{o: bucket + 99 for o in range(5, 105)}}
+    replay = {r.offset: r.deliver_ms for r in client.read(T, N, S, 0, 0, 105)}
+    for entry_id, fields in entries:
+        offset, published = (int(x) for x in entry_id.decode().split("-"))
+        if offset in wanted:
+            assert fields[b"d"] == str(wanted[offset] - published).encode(), (offset, fields)
+            assert 1000 < int(fields[b"d"]) <= 1600
+        else:
+            assert b"d" not in fields
+        assert replay[offset] == wanted.get(offset)
+    client.publish(T, N, S, b"later", delay=5)
+    last_id, last = raw.xrevrange(log_key, "+", "-", count=1)[0]
+    assert last[b"d"] == b"5000"
+    assert client.read(T, N, S, 0, 105, 1)[0].deliver_ms == int(last_id.decode().split("-")[1]) + 5000
+    assert [r.offset for r in poll(client, n=200)] == [2, 3, 4]
+    assert client.group_describe(T, N, S, G).shards[0].scheduled == 103
+    wait_server(raw, bucket + 100)
+    got = poll(client, n=200)
+    assert [(r.offset, r.deliver_ms) for r in got] == sorted(wanted.items())
+
+
 def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
     redis_client: felix_redis.Client, raw: redis.Redis
 ) -> None:
@@ -1484,7 +1531,7 @@ def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
     at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
     batch = client.publish_batch(T, N, S, [b"b%d" % i for i in range(1000)], deliver_at=at)
     members = raw.zrange(due_key, 0, -1)
-    assert len(members) == 1 and members[0].decode().split(":", 3)[3] == "0+1000.0", members
+    assert len(members) == 1 and members[0].decode().split(":", 4)[4] == "+1000.00", members
     later = datetime.fromtimestamp((at_ms + 50) / 1000, timezone.utc)
     singles = [client.publish(T, N, S, b"s%d" % i, deliver_at=later).offset for i in range(300)]
     members = raw.zrange(due_key, 0, -1, withscores=True)

@@ -125,7 +125,7 @@ local function not_yet_due(K, S, m)
   if off < S.base or off >= S.next then return false end
   local e = redis.call('XRANGE', K.log, m, m, 'COUNT', 1)[1]
   if not e or s_find(e[1], m .. '-', 1, true) ~= 1 or plain_fields(e[2]) then return false end
-  local _, _, _, d = record_fields(e[2])
+  local _, _, _, d = record_fields(e[2], e[1])
   if not d then return false end
   d = tonumber(d)
   if d < S.dcur or (d == S.dcur and (not S.doff or off <= S.doff)) then return false end

@@ -4,14 +4,19 @@
 --
 -- A sorted set of chunks. The score of a chunk is the start (ms) of its due-time bucket
 -- (due times DUE_W ms wide: floor(due / DUE_W) * DUE_W); its member is the text
---   K:FIRST:COUNT:ENTRIES
--- K the chunk's number in its bucket (6 digits, so that the highest sorts last), FIRST an
--- offset the entries count from, COUNT the records of the chunk, and ENTRIES entries
--- joined by ';', each 'D.DD' (the record FIRST + D, due at score + DD ms) or 'D+L.DD' (the
--- L records FIRST + D .. FIRST + D + L - 1, all due then: a delayed batch). A publish
--- appends to the highest chunk of its bucket while that stays under DUE_CAP bytes, else
--- starts the next. A record costs a few bytes of a chunk instead of a sorted-set member of
--- its own; reading a due time means reading its bucket's chunks.
+--   K:FIRST:COUNT:LAST:ENTRIES
+-- K the chunk's number in its bucket (6 digits, so that the highest sorts last), FIRST the
+-- offset the entries count from, COUNT the records of the chunk, LAST the last offset an
+-- entry holds, and ENTRIES its entries one after the other, each 'G.DD' (one record) or
+-- 'G+L.DD' (L records, all due then: a delayed batch). The entry's first record is G
+-- offsets after the one that follows the previous entry's last record (the first entry:
+-- G after FIRST), and G is left out when 0, as it is for records published one after the
+-- other; DD is the due time less the bucket's start, always two digits (00..99). So
+-- '.07.12' after FIRST 120 holds 120 due at score + 7 and 121 at score + 12, and '3+100.40'
+-- after them the 100 records 125..224 due at score + 40. A publish appends to the highest
+-- chunk of its bucket while that stays under DUE_CAP bytes, else starts the next. A record
+-- costs about 3 bytes of a chunk instead of a sorted-set member of its own; reading a due
+-- time means reading its bucket's chunks.
 
 local DUE_W = 100
 local DUE_CAP = 480
@@ -21,36 +26,39 @@ local function due_bucket(t)
   return t - t % DUE_W
 end
 
--- The highest chunk of the bucket starting at bs: member, K, FIRST, COUNT and ENTRIES, or
--- nil when the bucket has none. A member that is no chunk (written by hand) fails
+-- The highest chunk of the bucket starting at bs: member, K, FIRST, COUNT, LAST and
+-- ENTRIES, or nil when the bucket has none. A member that is no chunk (written by hand) fails
 -- (WRONGTYPE) before anything is written.
 local function due_top(key, bs)
   local bs_s = fmt(bs)
   local top = redis.call('ZRANGE', key, bs_s, bs_s, 'BYSCORE', 'REV', 'LIMIT', '0', '1')[1]
   if not top then return nil end
-  local k, f, c, rest = s_match(top, '^(%d+):(%d+):(%d+):(.*)$')
+  local k, f, c, l, rest = s_match(top, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
   if not k then fail('WRONGTYPE', 'member ' .. s_sub(top, 1, 40) .. ' of ' .. key .. ' is not a due index chunk') end
-  return {member = top, k = tonumber(k), first = tonumber(f), count = tonumber(c), entries = rest}
+  return {member = top, k = tonumber(k), first = tonumber(f), count = tonumber(c), last = tonumber(l),
+          entries = rest}
 end
 
 -- Adds the count records first.. first + count - 1, all due at due (ms), to the index;
 -- top is due_top's answer for due's bucket, read before the caller's first write.
 local function due_add(key, due, first, count, top)
   local bs = due_bucket(due)
-  local tail = (count > 1 and ('+' .. fmt(count)) or '') .. '.' .. fmt(due - bs)
+  local tail = (count > 1 and ('+' .. fmt(count)) or '') .. s_format('.%02d', due - bs)
+  local last = fmt(first + count - 1)
   local k = 0
   if top then
-    local d = first - top.first
-    local e = fmt(d) .. tail
-    if d >= 0 and #top.member + #e + 1 <= DUE_CAP then
+    local g = first - top.last - 1
+    local e = (g > 0 and fmt(g) or '') .. tail
+    if g >= 0 and #top.member + #e + #last - #fmt(top.last) <= DUE_CAP then
       redis.call('ZREM', key, top.member)
       redis.call('ZADD', key, fmt(bs), s_format('%06d', top.k) .. ':' .. fmt(top.first) .. ':'
-        .. fmt(top.count + count) .. ':' .. top.entries .. ';' .. e)
+        .. fmt(top.count + count) .. ':' .. last .. ':' .. top.entries .. e)
       return
     end
     k = top.k + 1
   end
-  redis.call('ZADD', key, fmt(bs), s_format('%06d', k) .. ':' .. fmt(first) .. ':' .. fmt(count) .. ':0' .. tail)
+  redis.call('ZADD', key, fmt(bs), s_format('%06d', k) .. ':' .. fmt(first) .. ':' .. fmt(count) .. ':' .. last
+    .. ':' .. tail)
 end
 
 -- The entries of the chunks ms (members, from bucket bs) as ranges: three parallel lists
@@ -60,13 +68,14 @@ local function due_ranges(ms, bs)
   local rd, ra, rz = {}, {}, {}
   local n, sorted, pd, pa = 0, true, -1, -1
   for _, m in ipairs(ms) do
-    local f, rest = s_match(m, '^%d+:(%d+):%d+:(.*)$')
+    local f, rest = s_match(m, '^%d+:(%d+):%d+:%d+:(.*)$')
     if f then
-      f = tonumber(f)
-      for d, l, dd in string.gmatch(rest, '(%d+)%+?(%d*)%.(%d+)') do
-        local a, t = f + tonumber(d), bs + tonumber(dd)
+      local at = tonumber(f)  -- the offset the next entry's gap counts from
+      for g, l, dd in string.gmatch(rest, '(%d*)%+?(%d*)%.(%d%d)') do
+        local a, t = at + (tonumber(g) or 0), bs + tonumber(dd)
+        at = a + (tonumber(l) or 1)
         n = n + 1
-        rd[n], ra[n], rz[n] = t, a, a + (tonumber(l) or 1) - 1
+        rd[n], ra[n], rz[n] = t, a, at - 1
         -- (appended in publish order, the entries are often in order already)
         if t < pd or (t == pd and a < pa) then sorted = false end
         pd, pa = t, a
@@ -169,7 +178,7 @@ local function due_count_after(key, t)
   local bs = due_bucket(t)
   local n = 0
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(bs), '+inf')) do
-    n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):')) or 0)
+    n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):%d+:')) or 0)
   end
   local rd, ra, rz = due_bucket_ranges(key, bs)
   for i = 1, #rd do
@@ -212,7 +221,7 @@ local function due_prune(key, bound)
   local n = 0
   local gone = redis.call('ZRANGEBYSCORE', key, '-inf', upto)
   if #gone == 0 then return 0 end
-  for _, m in ipairs(gone) do n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):')) or 0) end
+  for _, m in ipairs(gone) do n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):%d+:')) or 0) end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', upto)
   return n
 end

@@ -1,7 +1,9 @@
 -- records: the fields of a log entry beyond payload and key. A record published with
 -- headers, a delivery time or an expiry carries them as fields of its entry (after p,
--- and k when it has a key): h (headers, a JSON object of strings), d (due time, ms
--- since the epoch, server clock) and x (expiry, ms). Plain records have none.
+-- and k when it has a key): h (headers, a JSON object of strings), d (the delay: the due
+-- time less the publish time, the entry ID's second part, in ms; a delay fits in 5 bytes
+-- of the stream's listpack where a due time since the epoch takes 10) and x (expiry, ms
+-- since the epoch, server clock). Plain records have none.
 
 -- Checks a headers argument (ARGV of publish): a JSON object of 1..64 string values,
 -- names of 1..128 characters [A-Za-z0-9._-], names and values 16384 bytes in all.
@@ -34,23 +36,35 @@ local function plain_fields(fields)
   return fields[1] == 'p' and (fields[3] == nil or (fields[3] == 'k' and fields[5] == nil))
 end
 
--- payload, key (false: none), headers, due, expiry (strings; false when absent or, for
--- the times, not a plain decimal) of a log entry's fields.
--- A due or expiry time a publish wrote is a plain decimal; any other value (an entry
--- written by hand) counts as absent.
+-- An expiry time as a publish wrote it (a plain decimal), or false: any other value (an
+-- entry written by hand) counts as absent.
 local function time_field(v)
   if v and #v <= 15 and s_match(v, '^%d+$') then return v end
   return false
 end
 
-local function record_fields(fields)
+-- The due time (ms since the epoch, a number) of the log entry with ID id whose d field
+-- is v (its delay, ms after the publish time the ID carries), or false when v is not a
+-- plain decimal (an entry written by hand: no delay).
+local function due_time(id, v)
+  if not (v and #v <= 12 and s_match(v, '^%d+$')) then return false end
+  local ms = s_match(id, '%-(%d+)$')
+  if not ms or #ms > 15 then return false end
+  return tonumber(ms) + tonumber(v)
+end
+
+-- payload, key (false: none), headers, due time, expiry (strings; false when absent or,
+-- for the times, not a plain decimal) of the fields of the log entry with ID id.
+local function record_fields(fields, id)
   local payload, key, h, d, x = '', false, false, false, false
   for i = 1, #fields, 2 do
     local f = fields[i]
     if f == 'p' then payload = fields[i + 1]
     elseif f == 'k' then key = fields[i + 1]
     elseif f == 'h' then h = fields[i + 1]
-    elseif f == 'd' then d = time_field(fields[i + 1])
+    elseif f == 'd' then
+      d = due_time(id, fields[i + 1])
+      d = d and fmt(d)
     elseif f == 'x' then x = time_field(fields[i + 1])
     end
   end
