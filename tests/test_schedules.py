@@ -399,9 +399,11 @@ def test_a_tick_costs_two_script_calls_per_shard_for_1000_schedules(redis_client
     c = redis_client
     shards = 2
     c.stream_create(T, N, S, shards=shards)
+    # every 4 s, not 1: the second tick below must come before any schedule's next due
+    # time, though making 1,000 schedules may take a few seconds on a loaded machine
     for i in range(1000):
-        c.schedule_set(T, N, S, f"s{i}", b"x", every=1)
-    time.sleep(1.2)
+        c.schedule_set(T, N, S, f"s{i}", b"x", every=4)
+    time.sleep(4.2)
     raw.config_resetstat()
     published = c.schedule_tick(T, N, S)
     stats = raw.info("commandstats")
