@@ -84,15 +84,27 @@ def dead(client: felix_redis.Client, group: str = G, shard: int = 0) -> list[tup
 
 def due_index(raw: Any, key: str) -> list[tuple[int, int]]:
     """The shard's due index read as docs/keys.md describes it: (offset, due ms) of every
-    record it holds, sorted. A chunk member 'K:FIRST:COUNT:LAST:ENTRIES' scored by its
+    record it holds, sorted. A chunk member 'v2:K:FIRST:COUNT:LAST:ENTRIES' scored by its
     bucket's start; ENTRIES one after the other, each 'G.DD' or 'G+L.DD': the record(s)
     from G past the one after the previous entry's last (the first entry: G past FIRST;
     G left out when 0), L of them (1 when left out), due at score + DD (two digits);
-    COUNT is how many records the entries hold and LAST the last of them."""
+    COUNT is how many records the entries hold and LAST the last of them. A member of the
+    format before v2, 'K:FIRST:COUNT:ENTRIES', has entries 'D.DD' or 'D+L.DD' counted from
+    FIRST, joined by ';'."""
     out: list[tuple[int, int]] = []
     for member, score in raw.zrange(key, 0, -1, withscores=True):
-        _k, first, count, last, entries = member.decode().split(":", 4)
+        text = member.decode()
         got: list[tuple[int, int]] = []
+        if not text.startswith("v2:"):
+            _k, first, count, old_entries = text.split(":", 3)
+            for entry in old_entries.split(";"):
+                head, dd = entry.split(".")
+                d, _, n = head.partition("+")
+                got += [(int(first) + int(d) + i, int(score) + int(dd)) for i in range(int(n or 1))]
+            assert len(got) == int(count), (member, got)
+            out += got
+            continue
+        _v, _k, first, count, last, entries = text.split(":", 5)
         at = int(first)
         for gap, n, dd in re.findall(r"(\d*)(?:\+(\d+))?\.(\d\d)", entries):
             start = at + int(gap or 0)
@@ -1493,7 +1505,7 @@ def test_a_delayed_record_keeps_its_delay_in_the_log_and_the_due_index_reads_as_
     client.publish(T, N, S, b"b", deliver_at=at[1])
     client.publish_batch(T, N, S, [b"p0", b"p1", b"p2"])
     client.publish_batch(T, N, S, [b"c%d" % i for i in range(100)], deliver_at=at[2])
-    assert raw.zrange(due_key, 0, -1, withscores=True) == [(b"000000:0:102:104:.42.573+100.99", float(bucket))]
+    assert raw.zrange(due_key, 0, -1, withscores=True) == [(b"v2:000000:0:102:104:.42.573+100.99", float(bucket))]
     assert due_index(raw, due_key) == [(0, bucket + 42), (1, bucket + 57)] + [(o, bucket + 99) for o in range(5, 105)]
     entries = raw.xrange(log_key, "0", "+")
     wanted = {0: bucket + 42, 1: bucket + 57, **{o: bucket + 99 for o in range(5, 105)}}
@@ -1517,6 +1529,40 @@ def test_a_delayed_record_keeps_its_delay_in_the_log_and_the_due_index_reads_as_
     assert [(r.offset, r.deliver_ms) for r in got] == sorted(wanted.items())
 
 
+def test_delayed_records_in_the_format_before_the_delay_was_stored_are_held_and_handed_out_once(
+    redis_client: felix_redis.Client, raw: redis.Redis
+) -> None:
+    """Records a client before this format published (a d field holding the due time, a
+    due index chunk 'K:FIRST:COUNT:ENTRIES'), written here as that client wrote them: the
+    group holds them until their due times and hands each out once, with its due time; a
+    delayed publish into the same bucket starts a chunk of its own beside the old one."""
+    client = redis_client
+    setup(client)
+    name = client.core.name(T, N, S)
+    meta_key, log_key = name.shard_keys(0)[0], name.shard_keys(0)[1]
+    due_key = name.due_key(0)
+    bucket = server_ms(raw) + 1500
+    bucket -= bucket % 100
+    now = server_ms(raw)
+    raw.xadd(log_key, {"p": b"old-a", "d": str(bucket + 42)}, id=f"0-{now}")
+    raw.xadd(log_key, {"p": b"old-b", "d": str(bucket + 57)}, id=f"1-{now}")
+    raw.hset(meta_key, mapping={"tail": 2, "tlast": 1, "dmax": bucket + 57})
+    raw.zadd(due_key, {"000000:0:2:0.42;1.57": bucket})
+    at = datetime.fromtimestamp((bucket + 70) / 1000, timezone.utc)
+    assert client.publish(T, N, S, b"new", deliver_at=at).offset == 2
+    assert raw.zrange(due_key, 0, -1) == [b"000000:0:2:0.42;1.57", b"v2:000001:2:1:2:.70"]
+    assert due_index(raw, due_key) == [(0, bucket + 42), (1, bucket + 57), (2, bucket + 70)]
+    assert [r.deliver_ms for r in client.read(T, N, S, 0, 0, 3)] == [bucket + 42, bucket + 57, bucket + 70]
+    assert poll(client, n=10) == []
+    assert client.group_describe(T, N, S, G).shards[0].scheduled == 3
+    wait_server(raw, bucket + 100)
+    got = poll(client, n=10)
+    assert [(r.offset, r.payload, r.deliver_ms) for r in got] == [
+        (0, b"old-a", bucket + 42), (1, b"old-b", bucket + 57), (2, b"new", bucket + 70)]
+    client.group_ack_many(T, N, S, 0, G, got)
+    assert poll(client, n=10) == []
+
+
 def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
     redis_client: felix_redis.Client, raw: redis.Redis
 ) -> None:
@@ -1531,7 +1577,7 @@ def test_the_due_index_keeps_records_in_small_chunks_a_batch_in_one_entry(
     at = datetime.fromtimestamp(at_ms / 1000, timezone.utc)
     batch = client.publish_batch(T, N, S, [b"b%d" % i for i in range(1000)], deliver_at=at)
     members = raw.zrange(due_key, 0, -1)
-    assert len(members) == 1 and members[0].decode().split(":", 4)[4] == "+1000.00", members
+    assert len(members) == 1 and members[0].decode().split(":", 5)[5] == "+1000.00", members
     later = datetime.fromtimestamp((at_ms + 50) / 1000, timezone.utc)
     singles = [client.publish(T, N, S, b"s%d" % i, deliver_at=later).offset for i in range(300)]
     members = raw.zrange(due_key, 0, -1, withscores=True)

@@ -4,8 +4,11 @@
 --
 -- A sorted set of chunks. The score of a chunk is the start (ms) of its due-time bucket
 -- (due times DUE_W ms wide: floor(due / DUE_W) * DUE_W); its member is the text
---   K:FIRST:COUNT:LAST:ENTRIES
--- K the chunk's number in its bucket (6 digits, so that the highest sorts last), FIRST the
+--   v2:K:FIRST:COUNT:LAST:ENTRIES
+-- v2 the format (clients before it wrote chunks 'K:FIRST:COUNT:ENTRIES', entries 'D.DD' or
+-- 'D+L.DD' counted from FIRST, joined by ';': they are still read, and never appended to;
+-- those clients cannot read a v2 chunk as theirs, so they cannot append to one either), K
+-- the chunk's number in its bucket (6 digits, so that the highest sorts last), FIRST the
 -- offset the entries count from, COUNT the records of the chunk, LAST the last offset an
 -- entry holds, and ENTRIES its entries one after the other, each 'G.DD' (one record) or
 -- 'G+L.DD' (L records, all due then: a delayed batch). The entry's first record is G
@@ -27,16 +30,26 @@ local function due_bucket(t)
 end
 
 -- The highest chunk of the bucket starting at bs: member, K, FIRST, COUNT, LAST and
--- ENTRIES, or nil when the bucket has none. A member that is no chunk (written by hand) fails
+-- ENTRIES, or nil when the bucket has none; for a chunk of the format before v2, K alone
+-- (the publish starts the next chunk). A member that is no chunk (written by hand) fails
 -- (WRONGTYPE) before anything is written.
 local function due_top(key, bs)
   local bs_s = fmt(bs)
   local top = redis.call('ZRANGE', key, bs_s, bs_s, 'BYSCORE', 'REV', 'LIMIT', '0', '1')[1]
   if not top then return nil end
-  local k, f, c, l, rest = s_match(top, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
+  local k, f, c, l, rest = s_match(top, '^v2:(%d+):(%d+):(%d+):(%d+):(.*)$')
+  if k then
+    return {member = top, k = tonumber(k), first = tonumber(f), count = tonumber(c), last = tonumber(l),
+            entries = rest}
+  end
+  k = s_match(top, '^(%d+):%d+:%d+:')
   if not k then fail('WRONGTYPE', 'member ' .. s_sub(top, 1, 40) .. ' of ' .. key .. ' is not a due index chunk') end
-  return {member = top, k = tonumber(k), first = tonumber(f), count = tonumber(c), last = tonumber(l),
-          entries = rest}
+  return {k = tonumber(k)}
+end
+
+-- The COUNT of chunk member m (either format), or 0 for a member that is no chunk.
+local function due_chunk_count(m)
+  return tonumber(s_match(m, '^v2:%d+:%d+:(%d+):%d+:') or s_match(m, '^%d+:%d+:(%d+):')) or 0
 end
 
 -- Adds the count records first.. first + count - 1, all due at due (ms), to the index;
@@ -46,18 +59,19 @@ local function due_add(key, due, first, count, top)
   local tail = (count > 1 and ('+' .. fmt(count)) or '') .. s_format('.%02d', due - bs)
   local last = fmt(first + count - 1)
   local k = 0
-  if top then
+  if top and top.member then
     local g = first - top.last - 1
     local e = (g > 0 and fmt(g) or '') .. tail
-    if g >= 0 and #top.member + #e + #last - #fmt(top.last) <= DUE_CAP then
+    local grown = #e + #last - #fmt(top.last) + #fmt(top.count + count) - #fmt(top.count)
+    if g >= 0 and #top.member + grown <= DUE_CAP then
       redis.call('ZREM', key, top.member)
-      redis.call('ZADD', key, fmt(bs), s_format('%06d', top.k) .. ':' .. fmt(top.first) .. ':'
+      redis.call('ZADD', key, fmt(bs), s_format('v2:%06d', top.k) .. ':' .. fmt(top.first) .. ':'
         .. fmt(top.count + count) .. ':' .. last .. ':' .. top.entries .. e)
       return
     end
-    k = top.k + 1
   end
-  redis.call('ZADD', key, fmt(bs), s_format('%06d', k) .. ':' .. fmt(first) .. ':' .. fmt(count) .. ':' .. last
+  if top then k = top.k + 1 end
+  redis.call('ZADD', key, fmt(bs), s_format('v2:%06d', k) .. ':' .. fmt(first) .. ':' .. fmt(count) .. ':' .. last
     .. ':' .. tail)
 end
 
@@ -68,11 +82,15 @@ local function due_ranges(ms, bs)
   local rd, ra, rz = {}, {}, {}
   local n, sorted, pd, pa = 0, true, -1, -1
   for _, m in ipairs(ms) do
-    local f, rest = s_match(m, '^%d+:(%d+):%d+:%d+:(.*)$')
+    local f, rest = s_match(m, '^v2:%d+:(%d+):%d+:%d+:(.*)$')
+    -- a chunk of the format before v2: entries counted from FIRST, joined by ';'
+    local old = not f
+    if old then f, rest = s_match(m, '^%d+:(%d+):%d+:(.*)$') end
     if f then
       local at = tonumber(f)  -- the offset the next entry's gap counts from
-      for g, l, dd in string.gmatch(rest, '(%d*)%+?(%d*)%.(%d%d)') do
+      for g, l, dd in string.gmatch(rest, old and '(%d+)%+?(%d*)%.(%d+)' or '(%d*)%+?(%d*)%.(%d%d)') do
         local a, t = at + (tonumber(g) or 0), bs + tonumber(dd)
+        if old then a = tonumber(f) + tonumber(g) end
         at = a + (tonumber(l) or 1)
         n = n + 1
         rd[n], ra[n], rz[n] = t, a, at - 1
@@ -178,7 +196,7 @@ local function due_count_after(key, t)
   local bs = due_bucket(t)
   local n = 0
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(bs), '+inf')) do
-    n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):%d+:')) or 0)
+    n = n + due_chunk_count(m)
   end
   local rd, ra, rz = due_bucket_ranges(key, bs)
   for i = 1, #rd do
@@ -221,7 +239,7 @@ local function due_prune(key, bound)
   local n = 0
   local gone = redis.call('ZRANGEBYSCORE', key, '-inf', upto)
   if #gone == 0 then return 0 end
-  for _, m in ipairs(gone) do n = n + (tonumber(s_match(m, '^%d+:%d+:(%d+):%d+:')) or 0) end
+  for _, m in ipairs(gone) do n = n + due_chunk_count(m) end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', upto)
   return n
 end

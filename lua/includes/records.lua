@@ -45,9 +45,12 @@ end
 
 -- The due time (ms since the epoch, a number) of the log entry with ID id whose d field
 -- is v (its delay, ms after the publish time the ID carries), or false when v is not a
--- plain decimal (an entry written by hand: no delay).
+-- plain decimal (an entry written by hand: no delay). A d of 13 digits or more is a due
+-- time itself, as clients before the delay was stored wrote it (a delay is at most 366
+-- days: 11 digits), so records they published are held as before.
 local function due_time(id, v)
-  if not (v and #v <= 12 and s_match(v, '^%d+$')) then return false end
+  if not (v and #v <= 15 and s_match(v, '^%d+$')) then return false end
+  if #v >= 13 then return tonumber(v) end
   local ms = s_match(id, '%-(%d+)$')
   if not ms or #ms > 15 then return false end
   return tonumber(ms) + tonumber(v)
