@@ -1545,20 +1545,20 @@ def test_delayed_records_in_the_format_before_the_delay_was_stored_are_held_and_
     bucket -= bucket % 100
     now = server_ms(raw)
     raw.xadd(log_key, {"p": b"old-a", "d": str(bucket + 42)}, id=f"0-{now}")
-    raw.xadd(log_key, {"p": b"old-b", "d": str(bucket + 57)}, id=f"1-{now}")
-    raw.hset(meta_key, mapping={"tail": 2, "tlast": 1, "dmax": bucket + 57})
-    raw.zadd(due_key, {"000000:0:2:0.42;1.57": bucket})
+    raw.xadd(log_key, {"p": b"old-b", "d": str(bucket + 7)}, id=f"1-{now}")
+    raw.hset(meta_key, mapping={"tail": 2, "tlast": 1, "dmax": bucket + 42})
+    raw.zadd(due_key, {"000000:0:2:0.42;1.7": bucket})  # (DD of one digit, as those clients wrote it)
     at = datetime.fromtimestamp((bucket + 70) / 1000, timezone.utc)
     assert client.publish(T, N, S, b"new", deliver_at=at).offset == 2
-    assert raw.zrange(due_key, 0, -1) == [b"000000:0:2:0.42;1.57", b"v2:000001:2:1:2:.70"]
-    assert due_index(raw, due_key) == [(0, bucket + 42), (1, bucket + 57), (2, bucket + 70)]
-    assert [r.deliver_ms for r in client.read(T, N, S, 0, 0, 3)] == [bucket + 42, bucket + 57, bucket + 70]
+    assert raw.zrange(due_key, 0, -1) == [b"000000:0:2:0.42;1.7", b"v2:000001:2:1:2:.70"]
+    assert due_index(raw, due_key) == [(0, bucket + 42), (1, bucket + 7), (2, bucket + 70)]
+    assert [r.deliver_ms for r in client.read(T, N, S, 0, 0, 3)] == [bucket + 42, bucket + 7, bucket + 70]
     assert poll(client, n=10) == []
     assert client.group_describe(T, N, S, G).shards[0].scheduled == 3
     wait_server(raw, bucket + 100)
     got = poll(client, n=10)
     assert [(r.offset, r.payload, r.deliver_ms) for r in got] == [
-        (0, b"old-a", bucket + 42), (1, b"old-b", bucket + 57), (2, b"new", bucket + 70)]
+        (1, b"old-b", bucket + 7), (0, b"old-a", bucket + 42), (2, b"new", bucket + 70)]
     client.group_ack_many(T, N, S, 0, G, got)
     assert poll(client, n=10) == []
 
